@@ -1,0 +1,103 @@
+"""The one table that maps domain errors to HTTP, and the handlers that use it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from flowhook import errors
+from flowhook.api.responses import error_response
+
+__all__ = ["STATUS", "install_error_handlers", "describe_validation_error"]
+
+log = logging.getLogger("flowhook.api")
+
+STATUS: dict[type[errors.FlowhookError], int] = {
+    errors.InvalidInput: 400,
+    errors.Unauthenticated: 401,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PayloadTooLarge: 413,
+    errors.UnsupportedMediaType: 415,
+    errors.StoreUnavailable: 503,
+}
+
+
+def status_of(exc: errors.FlowhookError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+_MESSAGES = {
+    "missing": "is required",
+    "dict_type": "must be a JSON object",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "bool_type": "must be true or false",
+    "extra_forbidden": "is not a known field",
+}
+
+
+def describe_validation_error(error: dict[str, Any]) -> tuple[str, str, str]:
+    """(message, code, field) for one pydantic error, naming the field as a person writes it."""
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        return (
+            f"malformed JSON in the request body: {detail}".rstrip(": "),
+            "malformed_json",
+            "body",
+        )
+    loc = [str(p) for p in error.get("loc", ()) if p not in ("body",)]
+    where = loc[0] if loc and loc[0] in ("query", "path", "header") else None
+    if where:
+        loc = loc[1:]
+    field = ".".join(loc) or "body"
+    text = _MESSAGES.get(error.get("type", ""), error.get("msg", "is invalid"))
+    place = {"query": "query parameter ", "path": "path parameter ", "header": "header "}.get(
+        where or "", ""
+    )
+    if field == "body":
+        return f"the request body {text}", "invalid_request", field
+    return f"{place}{field} {text}", "invalid_request", field
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(errors.FlowhookError)
+    async def _domain(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, errors.FlowhookError)
+        status = status_of(exc)
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return error_response(status, exc.message, exc.code, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {}
+        message, code, _field = describe_validation_error(dict(first))
+        return error_response(400, message, code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            return error_response(404, f"no route {request.url.path}", "not_found")
+        if exc.status_code == 405:
+            return error_response(
+                405,
+                f"method {request.method} is not allowed on {request.url.path}",
+                "method_not_allowed",
+                dict(exc.headers or {}),
+            )
+        if exc.status_code == 413:
+            return error_response(413, str(exc.detail), "payload_too_large")
+        return error_response(exc.status_code, str(exc.detail), "http_error")

@@ -1,0 +1,119 @@
+"""Pure-ASGI middleware: request ids, body limits and media type, and the last word on
+unexpected errors (one log line with the request id; a 500 with no internals)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flowhook.api.responses import error_response
+
+__all__ = ["RequestGuard"]
+
+log = logging.getLogger("flowhook.api")
+
+
+class _TooLarge(StarletteHTTPException):
+    """Raised from ``receive`` when a streamed body passes the limit. An HTTPException, so
+    FastAPI's body reader passes it through to the handlers instead of calling it a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over the limit of {limit} bytes")
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, *, max_body: int, json_prefix: str = "/api/") -> None:
+        self.app = app
+        self.max_body = max_body
+        self.json_prefix = json_prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode()),
+                ]
+            await send(message)
+
+        async def reply(status: int, text: str, code: str) -> None:
+            await error_response(status, text, code)(scope, receive, send_with_id)
+
+        length = headers.get("content-length")
+        has_body = (length is not None and length.strip() not in ("", "0")) or (
+            "chunked" in headers.get("transfer-encoding", "").lower()
+        )
+        if has_body and scope["method"] in ("POST", "PUT", "PATCH"):
+            if length is not None:
+                try:
+                    too_big = int(length) > self.max_body
+                except ValueError:
+                    await reply(400, "Content-Length is not a number", "invalid_request")
+                    return
+                if too_big:
+                    await reply(
+                        413,
+                        f"request body over the limit of {self.max_body} bytes",
+                        "payload_too_large",
+                    )
+                    return
+            if scope["path"].startswith(self.json_prefix) and not _is_json(
+                headers.get("content-type", "")
+            ):
+                await reply(
+                    415,
+                    "send the request body as JSON with Content-Type: application/json",
+                    "unsupported_media_type",
+                )
+                return
+
+        seen = 0
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooLarge(self.max_body)
+            return message
+
+        try:
+            await self.app(scope, counted_receive, send_with_id)
+        except _TooLarge:
+            if not started:
+                await reply(
+                    413,
+                    f"request body over the limit of {self.max_body} bytes",
+                    "payload_too_large",
+                )
+        except Exception:
+            log.exception(
+                "unexpected error (request id %s) %s %s", request_id, scope["method"], scope["path"]
+            )
+            if not started:
+                await reply(
+                    500,
+                    f"internal error; quote request id {request_id} when reporting it",
+                    "internal",
+                )

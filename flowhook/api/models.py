@@ -1,0 +1,160 @@
+"""Request and response bodies as the OpenAPI document shows them, and the functions that
+turn domain objects into those bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowhook.clock import isoformat
+from flowhook.store.models import Flow, Run, RunStep
+
+__all__ = [
+    "ExecuteRequest",
+    "RunAccepted",
+    "RunRecord",
+    "RunList",
+    "FlowRecord",
+    "FlowList",
+    "ErrorBody",
+    "run_accepted",
+    "run_record",
+    "flow_record",
+    "ts",
+]
+
+
+def ts(value: datetime | None) -> str | None:
+    return isoformat(value) if value is not None else None
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What went wrong, in words a person can act on.")
+    code: str = Field(description="A stable machine-readable code.")
+
+
+class ExecuteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    flow_id: str = Field(
+        description="The flow to run, shape wf_<suffix>.",
+        examples=["wf_01jd7w2k3m4n5p6q7r8s9t0v1w"],
+    )
+    trigger: str = Field(default="api", description="Trigger kind; `api` over this interface.")
+    payload: dict[str, Any] = Field(
+        default_factory=dict, description="Data handed to the workflow."
+    )
+
+
+class RunAccepted(BaseModel):
+    run_id: str
+    flow_id: str
+    status: str = "queued"
+    queued_at: str = Field(description="ISO 8601 UTC timestamp.")
+
+
+class StepRecord(BaseModel):
+    id: str
+    type: str
+    status: str
+    attempts: int
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+class RunRecord(BaseModel):
+    run_id: str
+    flow_id: str
+    flow_version: int
+    trigger: str
+    status: str
+    payload: dict[str, Any]
+    output: Any = None
+    error: dict[str, Any] | None = None
+    steps: list[StepRecord] | None = None
+    steps_executed: int
+    queued_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    cancel_requested_at: str | None = None
+
+
+class RunList(BaseModel):
+    data: list[RunRecord]
+    next_cursor: str | None
+
+
+class FlowRecord(BaseModel):
+    flow_id: str
+    version: int
+    name: str
+    definition: dict[str, Any]
+    created_at: str
+    updated_at: str
+
+
+class FlowList(BaseModel):
+    data: list[FlowRecord]
+    next_cursor: str | None
+
+
+def run_accepted(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "flow_id": run.flow_id,
+        "status": "queued",
+        "queued_at": isoformat(run.queued_at),
+    }
+
+
+def _step(step: RunStep) -> dict[str, Any]:
+    return {
+        "id": step.step_id,
+        "type": step.type,
+        "status": str(step.status),
+        "attempts": step.attempts,
+        "started_at": ts(step.started_at),
+        "finished_at": ts(step.finished_at),
+        "duration_ms": step.duration_ms,
+        "output": step.output,
+        "error": step.error,
+    }
+
+
+def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "run_id": run.run_id,
+        "flow_id": run.flow_id,
+        "flow_version": run.flow_version,
+        "trigger": run.trigger,
+        "status": str(run.status),
+        "payload": run.payload,
+        "output": run.output,
+        "error": run.error,
+        "steps_executed": run.steps_executed,
+        "queued_at": isoformat(run.queued_at),
+        "started_at": ts(run.started_at),
+        "finished_at": ts(run.finished_at),
+        "duration_ms": run.duration_ms,
+        "cancel_requested_at": ts(run.cancel_requested_at),
+    }
+    if with_steps:
+        body["steps"] = [_step(s) for s in run.steps]
+    return body
+
+
+def flow_record(flow: Flow) -> dict[str, Any]:
+    return {
+        "flow_id": flow.flow_id,
+        "version": flow.version,
+        "name": flow.name,
+        "definition": flow.definition,
+        "created_at": isoformat(flow.created_at),
+        "updated_at": isoformat(flow.updated_at),
+    }

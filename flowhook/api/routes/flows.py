@@ -1,0 +1,104 @@
+"""Flows: create, list, read, new version, archive (DESIGN.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Query
+from starlette.responses import Response
+
+from flowhook.api.deps import CallerDep, ServicesDep
+from flowhook.api.models import ErrorBody, FlowList, FlowRecord, flow_record, ts
+from flowhook.api.responses import ORJSONResponse
+
+router = APIRouter(tags=["flows"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 503)
+}
+_DEFINITION = Body(
+    description="A flow definition; its JSON Schema is at /api/v1/schemas/flow.json.",
+    examples=[
+        {
+            "name": "Hello",
+            "steps": [{"id": "greet", "type": "transform", "output": {"hi": "{{ payload.name }}"}}],
+        }
+    ],
+)
+
+
+@router.post(
+    "/flows",
+    status_code=201,
+    summary="Create a flow",
+    responses={201: {"model": FlowRecord}, **_ERRORS},
+)
+async def create_flow(
+    services: ServicesDep, who: CallerDep, definition: dict[str, Any] = _DEFINITION
+) -> Response:
+    flow = await services.flows.create(who, definition)
+    return ORJSONResponse(flow_record(flow), status_code=201)
+
+
+@router.get("/flows", summary="List flows", responses={200: {"model": FlowList}, **_ERRORS})
+async def list_flows(
+    services: ServicesDep,
+    who: CallerDep,
+    limit: int = Query(20, ge=1, le=100),
+    cursor: str | None = None,
+) -> Response:
+    page = await services.flows.list(who, limit=limit, cursor=cursor)
+    return ORJSONResponse(
+        {"data": [flow_record(f) for f in page.data], "next_cursor": page.next_cursor}
+    )
+
+
+@router.get(
+    "/flows/{flow_id}",
+    summary="Read a flow (its current version, or ?version=N)",
+    responses={200: {"model": FlowRecord}, **_ERRORS},
+)
+async def get_flow(
+    flow_id: str,
+    services: ServicesDep,
+    who: CallerDep,
+    version: int | None = Query(None, ge=1, le=2_000_000_000),
+) -> Response:
+    return ORJSONResponse(flow_record(await services.flows.get(who, flow_id, version)))
+
+
+@router.put(
+    "/flows/{flow_id}",
+    summary="Save a new version of a flow",
+    responses={200: {"model": FlowRecord}, **_ERRORS},
+)
+async def update_flow(
+    flow_id: str, services: ServicesDep, who: CallerDep, definition: dict[str, Any] = _DEFINITION
+) -> Response:
+    return ORJSONResponse(flow_record(await services.flows.update(who, flow_id, definition)))
+
+
+@router.delete(
+    "/flows/{flow_id}",
+    status_code=204,
+    summary="Archive a flow; executing it then answers 404",
+    responses=_ERRORS,
+)
+async def archive_flow(flow_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    await services.flows.archive(who, flow_id)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/flows/{flow_id}/versions", summary="A flow's versions, newest first", responses=_ERRORS
+)
+async def flow_versions(flow_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    versions = await services.flows.versions(who, flow_id)
+    return ORJSONResponse(
+        {
+            "data": [
+                {"version": v["version"], "created_at": ts(v["created_at"])} for v in versions
+            ],
+            "next_cursor": None,
+        }
+    )

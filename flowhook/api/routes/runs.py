@@ -1,0 +1,107 @@
+"""SPEC §4.1 and §4.2 (execute, read a run), and the run list and cancel of DESIGN.md."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Header, Query
+from starlette.responses import Response
+
+from flowhook.api.deps import CallerDep, ServicesDep
+from flowhook.api.models import (
+    ErrorBody,
+    ExecuteRequest,
+    RunAccepted,
+    RunList,
+    RunRecord,
+    run_accepted,
+    run_record,
+)
+from flowhook.api.responses import ORJSONResponse
+
+router = APIRouter(tags=["runs"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 503)
+}
+
+
+@router.post(
+    "/flows/execute",
+    status_code=202,
+    summary="Start a run",
+    responses={202: {"model": RunAccepted}, **_ERRORS},
+)
+async def execute(
+    body: ExecuteRequest,
+    services: ServicesDep,
+    who: CallerDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="Same key and body within 24 h return the same run; another body, 409."),
+    ] = None,
+) -> Response:
+    started = await services.runs.start(
+        who,
+        flow_id=body.flow_id,
+        payload=body.payload,
+        trigger=body.trigger,
+        idempotency_key=idempotency_key,
+    )
+    headers = {"Idempotent-Replayed": "true"} if started.replayed else None
+    return ORJSONResponse(run_accepted(started.run), status_code=202, headers=headers)
+
+
+@router.get(
+    "/flows/runs",
+    summary="List runs, newest first",
+    responses={200: {"model": RunList}, **_ERRORS},
+)
+async def list_runs(
+    services: ServicesDep,
+    who: CallerDep,
+    flow_id: str | None = None,
+    status: str | None = Query(None, description="queued, running, completed, failed or cancelled"),
+    limit: int = Query(20, ge=1, le=100),
+    cursor: str | None = None,
+) -> Response:
+    page = await services.runs.list(who, limit=limit, cursor=cursor, flow_id=flow_id, status=status)
+    return ORJSONResponse(
+        {
+            "data": [run_record(r, with_steps=False) for r in page.data],
+            "next_cursor": page.next_cursor,
+        }
+    )
+
+
+@router.get(
+    "/flows/runs/{run_id}",
+    summary="Read a run",
+    responses={200: {"model": RunRecord}, **_ERRORS},
+)
+async def get_run(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    return ORJSONResponse(run_record(await services.runs.get(who, run_id)))
+
+
+@router.post(
+    "/flows/runs/{run_id}/cancel",
+    summary="Cancel a run",
+    description="A queued run is cancelled at once (200); a running one is flagged and its "
+    "worker ends it `cancelled` (202).",
+    responses={200: {"model": RunRecord}, 202: {"model": RunRecord}, **_ERRORS},
+)
+async def cancel_run(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    run = await services.runs.cancel(who, run_id)
+    return ORJSONResponse(run_record(run), status_code=200 if run.status.terminal else 202)
+
+
+@router.get(
+    "/flows/runs/{run_id}/events",
+    summary="The events a run raised, oldest first",
+    responses=_ERRORS,
+)
+async def run_events(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    events = await services.runs.events(who, run_id)
+    data = [{"id": e.id, "event": e.type, "body": orjson.Fragment(e.body)} for e in events]
+    return ORJSONResponse({"data": data, "next_cursor": None})

@@ -1,0 +1,32 @@
+"""Health, readiness, and the published JSON Schema."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from flowhook.api.deps import ServicesDep
+from flowhook.api.responses import ORJSONResponse, error_response
+from flowhook.definition import FLOW_SCHEMA
+from flowhook.errors import StoreUnavailable
+
+router = APIRouter(tags=["system"])
+
+
+@router.get("/healthz", summary="The process is up")
+async def healthz() -> Response:
+    return ORJSONResponse({"status": "ok"})
+
+
+@router.get("/readyz", summary="The store is reachable (503 when it is not)")
+async def readyz(services: ServicesDep) -> Response:
+    try:
+        await services.db.ping()
+    except StoreUnavailable as exc:
+        return error_response(503, exc.message, exc.code, {"Retry-After": "1"})
+    return ORJSONResponse({"status": "ok"})
+
+
+@router.get("/api/v1/schemas/flow.json", summary="JSON Schema of a flow definition")
+async def flow_schema() -> Response:
+    return ORJSONResponse(FLOW_SCHEMA, media_type="application/schema+json")

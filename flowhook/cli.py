@@ -1,0 +1,214 @@
+"""The ``flowhook`` command: serve, migrate, keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shlex
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+from flowhook.clock import SystemClock, isoformat
+from flowhook.config import Settings
+from flowhook.errors import FlowhookError
+from flowhook.service.auth import KeyService
+from flowhook.service.bootstrap import EXAMPLE_PAYLOAD, Bootstrapped
+from flowhook.store.db import Database
+from flowhook.store.migrate import migrate
+from flowhook.store.models import Mode
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="flowhook",
+    help="Flowhook: start workflow runs over HTTP, follow them, get signed webhooks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="Overrides FLOWHOOK_DATABASE_URL.", show_default=False),
+]
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        err_console.print(f"[red]invalid setting:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _with_db(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    async def go() -> T:
+        db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        try:
+            await migrate(db)
+            return await work(db)
+        finally:
+            await db.dispose()
+
+    try:
+        return asyncio.run(go())
+    except FlowhookError as exc:
+        err_console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def _print_welcome(seeded: Bootstrapped, base: str) -> None:
+    body = json.dumps({"flow_id": seeded.flow_id, "payload": EXAMPLE_PAYLOAD})
+    lines = [
+        "",
+        "Flowhook created a workspace on this empty database. These keys are shown once:",
+        f"  sandbox key:  {seeded.test_key}",
+        f"  live key:     {seeded.live_key}",
+        f"  example flow: {seeded.flow_id} (sandbox)",
+        "",
+        "Start a run of the example flow:",
+        f"  curl -s -X POST {base}/api/v1/flows/execute \\",
+        f"    -H 'Authorization: Bearer {seeded.test_key}' \\",
+        "    -H 'Content-Type: application/json' \\",
+        f"    -d {shlex.quote(body)}",
+        "",
+        "Then read it with GET /api/v1/flows/runs/<run_id> (same key).",
+        "",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(help="Overrides FLOWHOOK_HOST (default 127.0.0.1).", show_default=False),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Overrides FLOWHOOK_PORT (default 8080).", show_default=False)
+    ] = None,
+    database_url: DatabaseOpt = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Run the API and the worker in one process (SQLite by default)."""
+    from flowhook.api.app import create_app
+
+    settings = _settings(host=host, port=port, database_url=database_url)
+    _configure_logging(settings.log_level)
+    base = f"http://{settings.host}:{settings.port}"
+    application = create_app(settings, on_bootstrap=lambda seeded: _print_welcome(seeded, base))
+    logging.getLogger("flowhook").info(
+        "serving on %s with %s", base, "SQLite" if settings.is_sqlite else "PostgreSQL"
+    )
+    config = uvicorn.Config(
+        application,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    uvicorn.Server(config).run()
+
+
+@app.command("migrate")
+def migrate_cmd(database_url: DatabaseOpt = None) -> None:
+    """Bring the database schema up to date (also done on every start)."""
+    settings = _settings(database_url=database_url)
+
+    async def work(db: Database) -> None:
+        return None
+
+    _with_db(settings, work)
+    console.print("schema is up to date")
+
+
+@keys_app.command("create")
+def keys_create(
+    mode: Annotated[Mode, typer.Option("--mode", help="test (sandbox) or live.")],
+    workspace: Annotated[
+        str, typer.Option("--workspace", help="Created when missing.")
+    ] = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Create an API key; the key is printed once and stored only as a hash."""
+    settings = _settings(database_url=database_url)
+    if not workspace.strip() or len(workspace) > 200:
+        err_console.print("[red]error:[/red] --workspace must be 1 to 200 characters")
+        raise typer.Exit(2)
+    created = _with_db(settings, lambda db: KeyService(db, SystemClock()).create(mode, workspace))
+    if as_json:
+        print(json.dumps({"key": created.key, "workspace": workspace, "mode": str(mode)}))
+    else:
+        console.print(
+            f"{created.key}\n[dim]id {created.api_key.id}, workspace {workspace}, mode {mode}; shown once.[/dim]"
+        )
+
+
+@keys_app.command("list")
+def keys_list(
+    workspace: Annotated[str | None, typer.Option("--workspace")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """List API keys (their prefixes; the keys themselves are never stored)."""
+    settings = _settings(database_url=database_url)
+    keys = _with_db(settings, lambda db: KeyService(db, SystemClock()).list(workspace))
+    rows = [
+        {
+            "id": k.id,
+            "workspace": k.workspace_name,
+            "mode": str(k.mode),
+            "prefix": k.prefix + "…",
+            "created_at": isoformat(k.created_at),
+            "revoked_at": isoformat(k.revoked_at) if k.revoked_at else None,
+        }
+        for k in keys
+    ]
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table("id", "workspace", "mode", "prefix", "created", "revoked")
+    for r in rows:
+        table.add_row(
+            r["id"], r["workspace"], r["mode"], r["prefix"], r["created_at"], r["revoked_at"] or ""
+        )
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (key_…), from `flowhook keys list`.")],
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Revoke an API key: it stops working at once here, and within the key cache TTL elsewhere."""
+    settings = _settings(database_url=database_url)
+    key = _with_db(settings, lambda db: KeyService(db, SystemClock()).revoke(key_id))
+    console.print(f"revoked {key.id} ({key.prefix}…)")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,115 @@
+"""The JSON Schema of a flow definition, served at ``/api/v1/schemas/flow.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FLOW_SCHEMA", "STEP_TYPES", "STEP_ID_PATTERN"]
+
+STEP_ID_PATTERN = "^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+_EXPR = {"type": "string", "minLength": 1}
+_ACTION = {
+    "type": "string",
+    "minLength": 1,
+    "description": "continue, end, fail, or the id of a later step to skip to",
+}
+
+_COMMON: dict[str, Any] = {
+    "id": {"type": "string", "pattern": STEP_ID_PATTERN, "description": "Unique in the flow."},
+    "type": {"type": "string"},
+    "description": {"type": "string", "maxLength": 1000},
+    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+    "retry": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
+            "backoff_seconds": {
+                "oneOf": [
+                    {"type": "number", "minimum": 0},
+                    {"type": "array", "items": {"type": "number", "minimum": 0}, "minItems": 1},
+                ]
+            },
+        },
+    },
+}
+
+_STEPS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "transform": (["output"], {"output": {"type": "object"}}),
+    "condition": (["if"], {"if": _EXPR, "then": _ACTION, "else": _ACTION}),
+    "fail": ([], {"message": {"type": "string"}}),
+    "http": (
+        ["request"],
+        {
+            "request": {
+                "type": "object",
+                "required": ["url"],
+                "additionalProperties": False,
+                "properties": {
+                    "method": {"type": "string"},
+                    "url": {"type": "string", "minLength": 1},
+                    "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "query": {"type": "object"},
+                    "json": {},
+                    "body": {"type": "string"},
+                },
+            },
+            "accept_status": {"type": "array", "items": {"type": "integer"}},
+        },
+    ),
+    "delay": ([], {"seconds": {"type": ["number", "string"]}, "until": {"type": "string"}}),
+    "python": (["function"], {"function": {"type": "string", "minLength": 1}, "input": {}}),
+}
+
+STEP_TYPES = tuple(_STEPS)
+
+
+def _step_schema(kind: str) -> dict[str, Any]:
+    required, own = _STEPS[kind]
+    return {
+        "type": "object",
+        "required": ["id", "type", *required],
+        "additionalProperties": False,
+        "properties": {**_COMMON, **own, "type": {"const": kind}},
+    }
+
+
+FLOW_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "/api/v1/schemas/flow.json",
+    "title": "Flowhook flow definition",
+    "type": "object",
+    "required": ["name", "steps"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "description": {"type": "string", "maxLength": 2000},
+        "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 2592000},
+        "concurrency": {"type": "integer", "minimum": 1},
+        "output": {"type": "object"},
+        "steps": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 200,
+            "items": {"$ref": "#/$defs/step"},
+        },
+    },
+    "$defs": {
+        "step": {
+            "type": "object",
+            "required": ["id", "type"],
+            "properties": {
+                "id": _COMMON["id"],
+                "type": {"enum": list(STEP_TYPES)},
+            },
+            "allOf": [
+                {
+                    "if": {"properties": {"type": {"const": kind}}, "required": ["type"]},
+                    "then": {"$ref": f"#/$defs/{kind}"},
+                }
+                for kind in STEP_TYPES
+            ],
+        },
+        **{kind: _step_schema(kind) for kind in STEP_TYPES},
+    },
+}

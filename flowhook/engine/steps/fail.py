@@ -1,0 +1,26 @@
+"""``fail``: end the run as failed with ``message`` (templated)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowhook.definition import ExpressionError, compile_value
+from flowhook.engine.steps.base import Context, Outcome
+
+__all__ = ["FailStep"]
+
+
+class FailStep:
+    type = "fail"
+    pure = True
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.id: str = spec["id"]
+        self._message = compile_value(spec.get("message", f"step {spec['id']!r} failed the run"))
+
+    async def run(self, ctx: Context) -> Outcome:
+        try:
+            message = str(self._message(ctx))
+        except ExpressionError as exc:
+            message = str(exc)
+        return Outcome(error={"type": "fail", "message": message}, action="fail")

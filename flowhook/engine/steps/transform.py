@@ -1,0 +1,25 @@
+"""``transform``: compute values. Its output is its ``output`` mapping, evaluated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowhook.definition import ExpressionError, compile_value
+from flowhook.engine.steps.base import Context, Outcome
+
+__all__ = ["TransformStep"]
+
+
+class TransformStep:
+    type = "transform"
+    pure = True
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.id: str = spec["id"]
+        self._output = compile_value(spec["output"])
+
+    async def run(self, ctx: Context) -> Outcome:
+        try:
+            return Outcome(output=self._output(ctx))
+        except ExpressionError as exc:
+            return Outcome(error={"type": "expression", "message": str(exc)}, action="fail")

@@ -1,0 +1,142 @@
+"""The worker loop: claim due runs in batches, run each as an asyncio task, keep leases alive.
+
+Idle, it sleeps until woken (a run was queued in this process, or NOTIFY from another), with a
+slow poll as the fallback. It never holds more than ``concurrency`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+
+from flowhook.clock import Clock
+from flowhook.engine.executor import Executor
+from flowhook.errors import StoreUnavailable
+from flowhook.store import runs as runs_store
+from flowhook.store.db import Database
+from flowhook.store.models import Run
+from flowhook.store.wakeup import Wakeup
+
+__all__ = ["Worker", "new_owner_id"]
+
+log = logging.getLogger("flowhook.engine")
+
+
+def new_owner_id() -> str:
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        wakeup: Wakeup,
+        *,
+        concurrency: int = 64,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 5.0,
+        owner: str | None = None,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.wakeup = wakeup
+        self.concurrency = concurrency
+        self.lease = timedelta(seconds=lease_seconds)
+        self.poll_interval = poll_interval
+        self.owner = owner or new_owner_id()
+        self.executor = Executor(db, clock, self.owner)
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._loop(), name="flowhook-worker"),
+            asyncio.create_task(self._heartbeat(), name="flowhook-heartbeat"),
+        ]
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop claiming; let runs in flight finish for ``grace`` seconds, then cancel them
+        (their leases expire and another process resumes them)."""
+        self._stopping.set()
+        self.wakeup.notify()
+        if self._inflight:
+            await asyncio.wait(list(self._inflight.values()), timeout=grace)
+        for task in [*self._inflight.values(), *self._tasks]:
+            task.cancel()
+        for task in [*self._inflight.values(), *self._tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def run_once(self) -> int:
+        """Claim and start what is due now; the number of runs claimed."""
+        free = self.concurrency - len(self._inflight)
+        if free <= 0:
+            return 0
+        now = self.clock.now()
+        async with self.db.transaction() as conn:
+            claimed = await runs_store.claim_runs(
+                conn, owner=self.owner, now=now, lease_until=now + self.lease, limit=free
+            )
+        for run in claimed:
+            self._inflight[run.run_id] = asyncio.create_task(self._execute(run))
+        return len(claimed)
+
+    async def drain(self) -> None:
+        """Wait for every run in flight (for tests)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+
+    async def _execute(self, run: Run) -> None:
+        try:
+            await self.executor.execute(run)
+        except StoreUnavailable:
+            log.warning("run %s: store unavailable; it resumes when its lease expires", run.run_id)
+        except Exception:
+            log.exception("run %s: unexpected error in the engine", run.run_id)
+        finally:
+            self._inflight.pop(run.run_id, None)
+            self.wakeup.notify()
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            self.wakeup.clear()
+            try:
+                claimed = await self.run_once()
+                backoff = 0.1
+            except StoreUnavailable:
+                log.warning("worker: store unavailable; retrying in %.1fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except Exception:
+                log.exception("worker: claim failed")
+                await asyncio.sleep(1.0)
+                continue
+            if claimed and len(self._inflight) < self.concurrency:
+                continue  # more may be due
+            await self.wakeup.wait(self.poll_interval)
+
+    async def _heartbeat(self) -> None:
+        interval = self.lease.total_seconds() / 3
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            if not self._inflight:
+                continue
+            try:
+                async with self.db.transaction() as conn:
+                    await runs_store.extend_leases(
+                        conn,
+                        owner=self.owner,
+                        run_ids=list(self._inflight),
+                        until=self.clock.now() + self.lease,
+                    )
+            except Exception:
+                log.exception("worker: heartbeat failed")

@@ -1,0 +1,80 @@
+"""Domain errors, with no HTTP in them; ``api/errors.py`` maps each class to a status.
+
+FlowhookError
+ ├── InvalidInput            bad input from outside (names the field)
+ │    └── InvalidDefinition  a flow definition that fails its schema
+ ├── Unauthenticated         missing, unknown or revoked API key
+ ├── NotFound                unknown, or not in the caller's workspace and mode
+ ├── Conflict                state does not allow the request
+ │    └── IdempotencyConflict
+ ├── PayloadTooLarge
+ ├── UnsupportedMediaType
+ └── StoreUnavailable        the database cannot be reached
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FlowhookError",
+    "InvalidInput",
+    "InvalidDefinition",
+    "Unauthenticated",
+    "NotFound",
+    "Conflict",
+    "IdempotencyConflict",
+    "PayloadTooLarge",
+    "UnsupportedMediaType",
+    "StoreUnavailable",
+]
+
+
+class FlowhookError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidInput(FlowhookError):
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+
+
+class InvalidDefinition(InvalidInput):
+    code = "invalid_definition"
+
+
+class Unauthenticated(FlowhookError):
+    code = "unauthenticated"
+
+
+class NotFound(FlowhookError):
+    code = "not_found"
+
+
+class Conflict(FlowhookError):
+    code = "conflict"
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_conflict"
+
+
+class PayloadTooLarge(FlowhookError):
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(FlowhookError):
+    code = "unsupported_media_type"
+
+
+class StoreUnavailable(FlowhookError):
+    code = "store_unavailable"

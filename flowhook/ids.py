@@ -1,0 +1,61 @@
+"""Identifiers: a prefix plus a time-ordered suffix.
+
+The suffix is a UUIDv7 written in lower-case Crockford base32 (26 characters), as TypeID
+does, so ids sort by creation time and serve as pagination cursors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+__all__ = ["new_id", "is_id", "PREFIXES"]
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+PREFIXES = frozenset({"wf", "run", "evt", "ep", "dlv", "hk", "key", "ws", "att"})
+
+_lock = threading.Lock()
+_last_ms = 0
+_seq = 0
+
+
+def _uuid7_int() -> int:
+    """A UUIDv7 as an int, monotonic within this process (12-bit counter per millisecond)."""
+    global _last_ms, _seq
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        if ms > _last_ms:
+            _last_ms = ms
+            _seq = int.from_bytes(os.urandom(2), "big") & 0x7FF
+        else:
+            _seq += 1
+            if _seq > 0xFFF:  # counter exhausted: borrow the next millisecond
+                _last_ms += 1
+                _seq = 0
+            ms = _last_ms
+        rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    return (ms << 80) | (0x7 << 76) | (_seq << 64) | (0b10 << 62) | rand_b
+
+
+def _base32(value: int) -> str:
+    chars = []
+    for _ in range(26):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    """A new id such as ``run_01jd7w2k3m4n5p6q7r8s9t0v1x``."""
+    return f"{prefix}_{_base32(_uuid7_int())}"
+
+
+_ID_RE = re.compile(r"^([a-z]+)_([0-7][0-9a-hjkmnp-tv-z]{25})$")
+
+
+def is_id(value: str, prefix: str) -> bool:
+    """Whether ``value`` has the shape of an id this service made with ``prefix``."""
+    m = _ID_RE.match(value)
+    return m is not None and m.group(1) == prefix

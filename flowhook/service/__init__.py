@@ -1,0 +1,27 @@
+"""Use cases. Routes, the CLI and the settings UI call these; only these call the store."""
+
+from __future__ import annotations
+
+from flowhook.clock import Clock
+from flowhook.config import Settings
+from flowhook.service.auth import KeyService, Principal
+from flowhook.service.flows import FlowService
+from flowhook.service.pagination import Page
+from flowhook.service.runs import RunService, Started
+from flowhook.store.db import Database
+from flowhook.store.wakeup import Wakeup
+
+__all__ = ["Services", "Principal", "Page", "Started"]
+
+
+class Services:
+    """Every use case, sharing one database, clock and wake-up signal."""
+
+    def __init__(self, db: Database, clock: Clock, settings: Settings, wakeup: Wakeup) -> None:
+        self.db = db
+        self.clock = clock
+        self.settings = settings
+        self.wakeup = wakeup
+        self.keys = KeyService(db, clock, cache_seconds=settings.key_cache_seconds)
+        self.flows = FlowService(db, clock)
+        self.runs = RunService(db, clock, wakeup)

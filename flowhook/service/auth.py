@@ -1,0 +1,137 @@
+"""API keys: made, hashed, looked up from a memory cache, revoked.
+
+A key is ``sk_test_`` or ``sk_live_`` and 32 base32 characters (160 random bits). Only its
+SHA-256 is stored: the key has too much entropy for a slow hash to add anything, and a fast
+one keeps authentication off the hot path's budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from flowhook.clock import Clock
+from flowhook.errors import NotFound, Unauthenticated
+from flowhook.ids import new_id
+from flowhook.store import keys as keys_store
+from flowhook.store.db import Database
+from flowhook.store.models import ApiKey, Mode, Workspace
+
+__all__ = ["Principal", "KeyService", "hash_key", "CreatedKey"]
+
+_KEY_RE = re.compile(r"^sk_(test|live)_[a-z2-7]{32}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: one workspace, in one mode."""
+
+    workspace_id: str
+    mode: Mode
+    key_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    key: str
+    """The secret, shown once."""
+    api_key: ApiKey
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _new_secret(mode: Mode) -> str:
+    token = base64.b32encode(secrets.token_bytes(20)).decode().lower()
+    return f"sk_{mode}_{token}"
+
+
+class KeyService:
+    def __init__(self, db: Database, clock: Clock, *, cache_seconds: float = 30.0) -> None:
+        self._db = db
+        self._clock = clock
+        self._ttl = cache_seconds
+        self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
+        self._cache_max = 10_000
+
+    async def create(self, mode: Mode, workspace: str = "default") -> CreatedKey:
+        """A new key for ``workspace`` (created when missing)."""
+        now = self._clock.now()
+        secret = _new_secret(mode)
+        async with self._db.transaction() as conn:
+            ws = await keys_store.get_workspace_by_name(conn, workspace)
+            if ws is None:
+                ws = Workspace(new_id("ws"), workspace, now)
+                await keys_store.insert_workspace(conn, ws)
+            key_id = new_id("key")
+            await keys_store.insert_key(
+                conn,
+                key_id=key_id,
+                workspace_id=ws.id,
+                mode=mode,
+                prefix=secret[:12],
+                key_hash=hash_key(secret),
+                created_at=now,
+            )
+        api_key = ApiKey(key_id, ws.id, ws.name, mode, secret[:12], now, None)
+        return CreatedKey(secret, api_key)
+
+    async def list(self, workspace: str | None = None) -> list[ApiKey]:
+        async with self._db.read() as conn:
+            return await keys_store.list_keys(conn, workspace)
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        async with self._db.transaction() as conn:
+            key = await keys_store.revoke_key(conn, key_id, self._clock.now())
+        if key is None:
+            raise NotFound(f"no API key {key_id!r}")
+        self._cache.clear()  # this process forgets at once; others within the cache TTL
+        return key
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The principal for an ``Authorization: Bearer <key>`` header, or Unauthenticated."""
+        if not authorization:
+            raise Unauthenticated(
+                "missing API key: send Authorization: Bearer sk_test_… or sk_live_…"
+            )
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not _KEY_RE.match(key):
+            raise Unauthenticated(
+                "malformed API key: send Authorization: Bearer sk_test_… or sk_live_…"
+            )
+        digest = hash_key(key)
+        hit = self._cache.get(digest)
+        if hit is not None and hit[1] > time.monotonic():
+            principal = hit[0]
+        else:
+            principal = await self._lookup(digest)
+            self._remember(digest, principal)
+        if principal is None:
+            raise Unauthenticated("unknown or revoked API key")
+        return principal
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        async with self._db.read() as conn:
+            found = await keys_store.find_key_by_hash(conn, digest)
+        if found is None:
+            return None
+        key, stored = found
+        if not hmac.compare_digest(stored, digest) or key.revoked_at is not None:
+            return None
+        return Principal(key.workspace_id, key.mode, key.id)
+
+    def _remember(self, digest: str, principal: Principal | None) -> None:
+        # Unknown keys are remembered briefly too, so guessing cannot load the database.
+        ttl = self._ttl if principal is not None else min(self._ttl, 5.0)
+        self._cache[digest] = (principal, time.monotonic() + ttl)
+        self._cache.move_to_end(digest)
+        while len(self._cache) > self._cache_max:
+            self._cache.popitem(last=False)

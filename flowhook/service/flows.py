@@ -1,0 +1,92 @@
+"""Flows: create, version, read, list, archive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowhook.clock import Clock
+from flowhook.definition import validate_definition
+from flowhook.errors import Conflict, InvalidInput, NotFound
+from flowhook.ids import new_id
+from flowhook.service.auth import Principal
+from flowhook.service.pagination import Page, check_cursor
+from flowhook.store import flows as flows_store
+from flowhook.store.db import Database
+from flowhook.store.models import Flow
+
+__all__ = ["FlowService"]
+
+
+def _not_found(flow_id: str) -> NotFound:
+    return NotFound(f"no flow {flow_id!r} in this workspace and mode")
+
+
+class FlowService:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def create(self, who: Principal, definition: Any) -> Flow:
+        definition = validate_definition(definition)
+        async with self._db.transaction() as conn:
+            return await flows_store.insert_flow(
+                conn,
+                flow_id=new_id("wf"),
+                workspace_id=who.workspace_id,
+                mode=who.mode,
+                name=definition["name"],
+                definition=definition,
+                now=self._clock.now(),
+            )
+
+    async def update(self, who: Principal, flow_id: str, definition: Any) -> Flow:
+        definition = validate_definition(definition)
+        async with self._db.transaction() as conn:
+            flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
+            if flow is None:
+                raise _not_found(flow_id)
+            updated = await flows_store.add_version(
+                conn, flow, name=definition["name"], definition=definition, now=self._clock.now()
+            )
+        if updated is None:
+            raise Conflict("the flow changed while this update ran; try again")
+        return updated
+
+    async def get(self, who: Principal, flow_id: str, version: int | None = None) -> Flow:
+        async with self._db.read() as conn:
+            flow = await flows_store.get_flow(
+                conn, who.workspace_id, who.mode, flow_id, version=version
+            )
+        if flow is None:
+            if version is not None:
+                raise NotFound(f"no version {version} of flow {flow_id!r}")
+            raise _not_found(flow_id)
+        return flow
+
+    async def versions(self, who: Principal, flow_id: str) -> list[dict[str, Any]]:
+        async with self._db.read() as conn:
+            flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
+            if flow is None:
+                raise _not_found(flow_id)
+            rows = await flows_store.list_versions(conn, flow)
+        return [{"version": v, "created_at": at} for v, at in rows]
+
+    async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Flow]:
+        after = check_cursor(cursor, "wf")
+        if not 1 <= limit <= 100:
+            raise InvalidInput("limit must be between 1 and 100", field="limit")
+        async with self._db.read() as conn:
+            rows = await flows_store.list_flows(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].flow_id if more else None)
+
+    async def archive(self, who: Principal, flow_id: str) -> None:
+        async with self._db.transaction() as conn:
+            done = await flows_store.archive_flow(
+                conn, who.workspace_id, who.mode, flow_id, self._clock.now()
+            )
+        if not done:
+            raise _not_found(flow_id)

@@ -1,0 +1,216 @@
+"""Runs: start (the spec's execute), read, list, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import orjson
+import sqlalchemy.exc as sa_exc
+
+from flowhook.clock import Clock
+from flowhook.errors import Conflict, IdempotencyConflict, InvalidInput, NotFound
+from flowhook.events import make_event
+from flowhook.ids import is_id, new_id
+from flowhook.service.auth import Principal
+from flowhook.service.pagination import Page, check_cursor
+from flowhook.store import events as events_store
+from flowhook.store import flows as flows_store
+from flowhook.store import runs as runs_store
+from flowhook.store.db import Database
+from flowhook.store.models import Event, Run, RunStatus
+from flowhook.store.wakeup import Wakeup
+
+__all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
+
+TRIGGERS = ("api",)
+"""Triggers a caller may name; ``webhook`` and ``schedule`` are set by the service itself."""
+
+IDEMPOTENCY_WINDOW = timedelta(hours=24)
+MAX_IDEMPOTENCY_KEY = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    run: Run
+    replayed: bool
+    """True when an Idempotency-Key matched an earlier request: ``run`` is that request's."""
+
+
+def _run_not_found(run_id: str) -> NotFound:
+    return NotFound(f"no run {run_id!r} in this workspace and mode")
+
+
+def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
+    body = {"flow_id": flow_id, "trigger": trigger, "payload": payload}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class RunService:
+    def __init__(self, db: Database, clock: Clock, wakeup: Wakeup) -> None:
+        self._db = db
+        self._clock = clock
+        self._wakeup = wakeup
+
+    async def start(
+        self,
+        who: Principal,
+        *,
+        flow_id: str,
+        payload: dict[str, Any],
+        trigger: str = "api",
+        idempotency_key: str | None = None,
+    ) -> Started:
+        """Queue a run: the run row (its own queue entry) is committed before this returns."""
+        if trigger not in TRIGGERS:
+            allowed = ", ".join(repr(t) for t in TRIGGERS)
+            raise InvalidInput(
+                f"trigger must be one of {allowed}, not {trigger!r}", field="trigger"
+            )
+        if not flow_id.startswith("wf_") or len(flow_id) > 40:
+            raise InvalidInput(f"flow_id must look like wf_…, not {flow_id!r}", field="flow_id")
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+            raise InvalidInput(
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                field="Idempotency-Key",
+            )
+        digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
+        try:
+            started = await self._start(who, flow_id, payload, trigger, idempotency_key, digest)
+        except sa_exc.IntegrityError:
+            # Another request with the same key committed first: answer as it did.
+            started = await self._start(who, flow_id, payload, trigger, idempotency_key, digest)
+        if not started.replayed:
+            self._wakeup.notify()
+        return started
+
+    async def _start(
+        self,
+        who: Principal,
+        flow_id: str,
+        payload: dict[str, Any],
+        trigger: str,
+        key: str | None,
+        digest: str | None,
+    ) -> Started:
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if key is not None:
+                found = await runs_store.find_by_idempotency_key(
+                    conn, who.workspace_id, who.mode, key
+                )
+                if found is not None:
+                    earlier, earlier_hash = found
+                    if earlier.queued_at > now - IDEMPOTENCY_WINDOW:
+                        if earlier_hash != digest:
+                            raise IdempotencyConflict(
+                                "this Idempotency-Key was used with a different request body"
+                            )
+                        return Started(earlier, replayed=True)
+                    await runs_store.release_idempotency_key(conn, earlier.run_id)
+            flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
+            if flow is None:
+                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+            run = Run(
+                run_id=new_id("run"),
+                workspace_id=who.workspace_id,
+                mode=who.mode,
+                flow_id=flow_id,
+                flow_version=flow.version,
+                trigger=trigger,
+                status=RunStatus.QUEUED,
+                payload=payload,
+                queued_at=now,
+            )
+            await runs_store.insert_run(conn, run, idempotency_key=key, request_hash=digest)
+        return Started(run, replayed=False)
+
+    async def get(self, who: Principal, run_id: str) -> Run:
+        if not is_id(run_id, "run"):
+            raise _run_not_found(run_id)
+        async with self._db.read() as conn:
+            run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+        if run is None:
+            raise _run_not_found(run_id)
+        return run
+
+    async def events(self, who: Principal, run_id: str) -> list[Event]:
+        await self.get(who, run_id)
+        async with self._db.read() as conn:
+            return await events_store.list_events_for_run(conn, run_id)
+
+    async def list(
+        self,
+        who: Principal,
+        *,
+        limit: int,
+        cursor: str | None,
+        flow_id: str | None = None,
+        status: str | None = None,
+    ) -> Page[Run]:
+        after = check_cursor(cursor, "run")
+        if not 1 <= limit <= 100:
+            raise InvalidInput("limit must be between 1 and 100", field="limit")
+        wanted: RunStatus | None = None
+        if status:
+            try:
+                wanted = RunStatus(status)
+            except ValueError:
+                allowed = ", ".join(s.value for s in RunStatus)
+                raise InvalidInput(f"status must be one of {allowed}", field="status") from None
+        async with self._db.read() as conn:
+            rows = await runs_store.list_runs(
+                conn,
+                who.workspace_id,
+                who.mode,
+                limit=limit + 1,
+                after=after,
+                flow_id=flow_id or None,
+                status=wanted,
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].run_id if more else None)
+
+    async def cancel(self, who: Principal, run_id: str) -> Run:
+        """Cancel a queued run at once; flag a running one, which its worker then ends."""
+        if not is_id(run_id, "run"):
+            raise _run_not_found(run_id)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if await runs_store.cancel_queued(conn, who.workspace_id, who.mode, run_id, now):
+                run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+                assert run is not None
+                await events_store.insert_events(
+                    conn,
+                    [
+                        make_event(
+                            "flow.cancelled",
+                            workspace_id=run.workspace_id,
+                            mode=run.mode,
+                            flow_id=run.flow_id,
+                            run_id=run.run_id,
+                            payload={
+                                "status": "cancelled",
+                                "steps_executed": 0,
+                                "duration_ms": None,
+                            },
+                            now=now,
+                        )
+                    ],
+                )
+                return run
+            run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+            if run is None:
+                raise _run_not_found(run_id)
+            if run.status.terminal:
+                raise Conflict(
+                    f"run {run_id!r} has already ended ({run.status})", code="run_finished"
+                )
+            if run.cancel_requested_at is None:
+                await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
+                run.cancel_requested_at = now
+        self._wakeup.notify()
+        return run

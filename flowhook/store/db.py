@@ -1,0 +1,104 @@
+"""Connections and transactions, on SQLite or PostgreSQL.
+
+SQLite is one file owned by one process: writes go through a single connection (a pool of
+one), so they queue in the process instead of failing with "database is locked", and each
+write transaction starts with ``BEGIN IMMEDIATE``. Reads use their own small pool; WAL lets
+them run beside the writer. PostgreSQL uses one pool for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import sqlalchemy.exc as sa_exc
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from flowhook.config import async_database_url
+from flowhook.errors import StoreUnavailable
+
+__all__ = ["Database"]
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+class Database:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> None:
+        self.url = url
+        self.async_url = async_database_url(url)
+        self.is_sqlite = self.async_url.startswith("sqlite")
+        common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+        if self.is_sqlite:
+            self.writer = create_async_engine(
+                self.async_url, pool_size=1, max_overflow=0, pool_timeout=60, **common
+            )
+            self.reader = create_async_engine(self.async_url, pool_size=4, max_overflow=4, **common)
+            _sqlite_setup(self.writer, sqlite_synchronous, begin="BEGIN IMMEDIATE")
+            _sqlite_setup(self.reader, sqlite_synchronous, begin="BEGIN")
+        else:
+            engine = create_async_engine(
+                self.async_url, pool_size=pool_size, max_overflow=pool_size, **common
+            )
+            self.writer = self.reader = engine
+
+    @property
+    def dialect(self) -> str:
+        return "sqlite" if self.is_sqlite else "postgresql"
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction: committed when the block ends, rolled back on error."""
+        async with _translated(), self.writer.begin() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A read-only snapshot."""
+        async with _translated(), self.reader.begin() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        async with self.read() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def dispose(self) -> None:
+        await self.writer.dispose()
+        if self.reader is not self.writer:
+            await self.reader.dispose()
+
+
+@contextlib.asynccontextmanager
+async def _translated() -> AsyncIterator[None]:
+    """Errors that mean "the database is not there" become :class:`StoreUnavailable`."""
+    try:
+        yield
+    except sa_exc.DBAPIError as exc:
+        if exc.connection_invalidated or isinstance(
+            exc, sa_exc.OperationalError | sa_exc.InterfaceError
+        ):
+            raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
+        raise
+    except (OSError, sa_exc.TimeoutError) as exc:
+        raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
+
+
+def _sqlite_setup(engine: AsyncEngine, synchronous: str, *, begin: str) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take over transaction control from the driver so BEGIN is ours to emit.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(begin)

@@ -1,0 +1,204 @@
+"""Flows and their immutable versions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.models import Flow, Mode
+from flowhook.store.tables import flow_versions, flows
+
+__all__ = [
+    "insert_flow",
+    "add_version",
+    "get_flow",
+    "list_flows",
+    "list_versions",
+    "archive_flow",
+    "get_definition",
+]
+
+
+async def insert_flow(
+    conn: AsyncConnection,
+    *,
+    flow_id: str,
+    workspace_id: str,
+    mode: Mode,
+    name: str,
+    definition: dict[str, Any],
+    now: datetime,
+) -> Flow:
+    await conn.execute(
+        flows.insert().values(
+            flow_id=flow_id,
+            workspace_id=workspace_id,
+            mode=str(mode),
+            name=name,
+            version=1,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    await conn.execute(
+        flow_versions.insert().values(
+            flow_id=flow_id, version=1, definition=definition, created_at=now
+        )
+    )
+    return Flow(flow_id, workspace_id, mode, name, 1, definition, now, now, None)
+
+
+async def add_version(
+    conn: AsyncConnection,
+    flow: Flow,
+    *,
+    name: str,
+    definition: dict[str, Any],
+    now: datetime,
+) -> Flow | None:
+    """Make the next version current; ``None`` when another writer got there first."""
+    version = flow.version + 1
+    result = await conn.execute(
+        update(flows)
+        .where(
+            flows.c.flow_id == flow.flow_id,
+            flows.c.version == flow.version,
+            flows.c.archived_at.is_(None),
+        )
+        .values(version=version, name=name, updated_at=now)
+    )
+    if result.rowcount != 1:
+        return None
+    await conn.execute(
+        flow_versions.insert().values(
+            flow_id=flow.flow_id, version=version, definition=definition, created_at=now
+        )
+    )
+    return Flow(
+        flow.flow_id, flow.workspace_id, flow.mode, name, version, definition,
+        flow.created_at, now, None,
+    )  # fmt: skip
+
+
+_FLOW_COLUMNS = (
+    flows.c.flow_id,
+    flows.c.workspace_id,
+    flows.c.mode,
+    flows.c.name,
+    flow_versions.c.version,
+    flow_versions.c.definition,
+    flows.c.created_at,
+    flows.c.updated_at,
+    flows.c.archived_at,
+)
+
+
+def _flow(row: Any) -> Flow:
+    return Flow(
+        flow_id=row.flow_id,
+        workspace_id=row.workspace_id,
+        mode=Mode(row.mode),
+        name=row.name,
+        version=row.version,
+        definition=row.definition,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        archived_at=row.archived_at,
+    )
+
+
+async def get_flow(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    flow_id: str,
+    *,
+    version: int | None = None,
+    include_archived: bool = False,
+) -> Flow | None:
+    """The flow at ``version`` (its current one by default), if the workspace and mode own it."""
+    version_match = (
+        flow_versions.c.version == flows.c.version
+        if version is None
+        else flow_versions.c.version == version
+    )
+    q = (
+        select(*_FLOW_COLUMNS)
+        .join(flow_versions, (flow_versions.c.flow_id == flows.c.flow_id) & version_match)
+        .where(
+            flows.c.flow_id == flow_id,
+            flows.c.workspace_id == workspace_id,
+            flows.c.mode == str(mode),
+        )
+    )
+    if not include_archived:
+        q = q.where(flows.c.archived_at.is_(None))
+    row = (await conn.execute(q)).first()
+    return _flow(row) if row else None
+
+
+async def list_flows(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    *,
+    limit: int,
+    after: str | None = None,
+) -> list[Flow]:
+    """Current versions, newest flow first; ``after`` is the last flow id of the page before."""
+    q = (
+        select(*_FLOW_COLUMNS)
+        .join(
+            flow_versions,
+            (flow_versions.c.flow_id == flows.c.flow_id)
+            & (flow_versions.c.version == flows.c.version),
+        )
+        .where(
+            flows.c.workspace_id == workspace_id,
+            flows.c.mode == str(mode),
+            flows.c.archived_at.is_(None),
+        )
+        .order_by(flows.c.flow_id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(flows.c.flow_id < after)
+    return [_flow(r) for r in (await conn.execute(q)).all()]
+
+
+async def list_versions(conn: AsyncConnection, flow: Flow) -> list[tuple[int, datetime]]:
+    q = (
+        select(flow_versions.c.version, flow_versions.c.created_at)
+        .where(flow_versions.c.flow_id == flow.flow_id)
+        .order_by(flow_versions.c.version.desc())
+    )
+    return [(r.version, r.created_at) for r in (await conn.execute(q)).all()]
+
+
+async def archive_flow(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, flow_id: str, now: datetime
+) -> bool:
+    result = await conn.execute(
+        update(flows)
+        .where(
+            flows.c.flow_id == flow_id,
+            flows.c.workspace_id == workspace_id,
+            flows.c.mode == str(mode),
+            flows.c.archived_at.is_(None),
+        )
+        .values(archived_at=now, updated_at=now)
+    )
+    return result.rowcount == 1
+
+
+async def get_definition(
+    conn: AsyncConnection, flow_id: str, version: int
+) -> dict[str, Any] | None:
+    """A version's definition, whoever owns it (for the engine; versions never change)."""
+    q = select(flow_versions.c.definition).where(
+        flow_versions.c.flow_id == flow_id, flow_versions.c.version == version
+    )
+    return (await conn.execute(q)).scalar_one_or_none()

@@ -1,0 +1,108 @@
+"""Workspaces and API keys."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.models import ApiKey, Mode, Workspace
+from flowhook.store.tables import api_keys, workspaces
+
+__all__ = [
+    "count_workspaces",
+    "get_workspace_by_name",
+    "insert_workspace",
+    "insert_key",
+    "find_key_by_hash",
+    "list_keys",
+    "revoke_key",
+]
+
+
+async def count_workspaces(conn: AsyncConnection) -> int:
+    return int((await conn.execute(select(func.count()).select_from(workspaces))).scalar_one())
+
+
+async def get_workspace_by_name(conn: AsyncConnection, name: str) -> Workspace | None:
+    row = (await conn.execute(select(workspaces).where(workspaces.c.name == name))).first()
+    return Workspace(row.id, row.name, row.created_at) if row else None
+
+
+async def insert_workspace(conn: AsyncConnection, ws: Workspace) -> None:
+    await conn.execute(workspaces.insert().values(id=ws.id, name=ws.name, created_at=ws.created_at))
+
+
+async def insert_key(
+    conn: AsyncConnection,
+    *,
+    key_id: str,
+    workspace_id: str,
+    mode: Mode,
+    prefix: str,
+    key_hash: str,
+    created_at: datetime,
+) -> None:
+    await conn.execute(
+        api_keys.insert().values(
+            id=key_id,
+            workspace_id=workspace_id,
+            mode=str(mode),
+            prefix=prefix,
+            key_hash=key_hash,
+            created_at=created_at,
+        )
+    )
+
+
+_KEY_COLUMNS = (
+    api_keys.c.id,
+    api_keys.c.workspace_id,
+    workspaces.c.name.label("workspace_name"),
+    api_keys.c.mode,
+    api_keys.c.prefix,
+    api_keys.c.created_at,
+    api_keys.c.revoked_at,
+    api_keys.c.key_hash,
+)
+
+
+def _key(row: object) -> ApiKey:
+    r = row._mapping  # type: ignore[attr-defined]
+    return ApiKey(
+        id=r["id"],
+        workspace_id=r["workspace_id"],
+        workspace_name=r["workspace_name"],
+        mode=Mode(r["mode"]),
+        prefix=r["prefix"],
+        created_at=r["created_at"],
+        revoked_at=r["revoked_at"],
+    )
+
+
+async def find_key_by_hash(conn: AsyncConnection, key_hash: str) -> tuple[ApiKey, str] | None:
+    """The key whose SHA-256 is ``key_hash``, with the stored hash for a constant-time check."""
+    q = select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.key_hash == key_hash)
+    row = (await conn.execute(q)).first()
+    return (_key(row), row.key_hash) if row else None
+
+
+async def list_keys(conn: AsyncConnection, workspace_name: str | None = None) -> list[ApiKey]:
+    q = select(*_KEY_COLUMNS).join(workspaces).order_by(api_keys.c.id)
+    if workspace_name is not None:
+        q = q.where(workspaces.c.name == workspace_name)
+    return [_key(r) for r in (await conn.execute(q)).all()]
+
+
+async def revoke_key(conn: AsyncConnection, key_id: str, now: datetime) -> ApiKey | None:
+    """Revoke the key; ``None`` when there is no such key. Revoking twice keeps the first time."""
+    await conn.execute(
+        update(api_keys)
+        .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    row = (
+        await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
+    ).first()
+    return _key(row) if row else None

@@ -1,0 +1,324 @@
+"""Runs, their steps, and the run queue.
+
+The queue is the ``runs`` table: a run is claimable while its status is queued or running and
+``available_at`` has passed. A claim sets ``lease_owner`` and moves ``available_at`` to the end
+of the lease, so a run whose worker dies becomes claimable again when its lease runs out,
+and the claim query needs no separate lease test. Heartbeats push both forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus, sources_of
+from flowhook.store.tables import run_steps, runs
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "LeaseLost",
+    "insert_run",
+    "find_by_idempotency_key",
+    "release_idempotency_key",
+    "get_run",
+    "get_run_by_id",
+    "list_runs",
+    "claim_runs",
+    "extend_leases",
+    "save_progress",
+    "cancel_queued",
+    "request_cancel",
+]
+
+NOTIFY_CHANNEL = "flowhook_runs"
+
+
+class LeaseLost(Exception):
+    """The guarded update matched nothing: the lease moved on, or a cancel was requested."""
+
+
+_RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
+
+
+def _run(row: Any) -> Run:
+    return Run(
+        run_id=row.run_id,
+        workspace_id=row.workspace_id,
+        mode=Mode(row.mode),
+        flow_id=row.flow_id,
+        flow_version=row.flow_version,
+        trigger=row.trigger,
+        status=RunStatus(row.status),
+        payload=row.payload,
+        queued_at=row.queued_at,
+        output=row.output,
+        error=row.error,
+        steps_executed=row.steps_executed,
+        next_step=row.next_step,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        duration_ms=row.duration_ms,
+        claims=row.claims,
+        cancel_requested_at=row.cancel_requested_at,
+    )
+
+
+def _step(row: Any) -> RunStep:
+    return RunStep(
+        idx=row.idx,
+        step_id=row.step_id,
+        type=row.type,
+        status=StepStatus(row.status),
+        attempts=row.attempts,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        duration_ms=row.duration_ms,
+        output=row.output,
+        error=row.error,
+    )
+
+
+async def insert_run(
+    conn: AsyncConnection,
+    run: Run,
+    *,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> None:
+    """Write a queued run; it is its own queue entry. Wakes PostgreSQL listeners at commit."""
+    await conn.execute(
+        runs.insert().values(
+            run_id=run.run_id,
+            workspace_id=run.workspace_id,
+            mode=str(run.mode),
+            flow_id=run.flow_id,
+            flow_version=run.flow_version,
+            trigger=run.trigger,
+            status=str(run.status),
+            payload=run.payload,
+            queued_at=run.queued_at,
+            available_at=run.queued_at,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+    )
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+
+
+async def find_by_idempotency_key(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, key: str
+) -> tuple[Run, str] | None:
+    q = select(*_RUN_COLUMNS, runs.c.request_hash).where(
+        runs.c.workspace_id == workspace_id,
+        runs.c.mode == str(mode),
+        runs.c.idempotency_key == key,
+    )
+    row = (await conn.execute(q)).first()
+    return (_run(row), row.request_hash) if row else None
+
+
+async def release_idempotency_key(conn: AsyncConnection, run_id: str) -> None:
+    """Forget an expired key so a new request may use it."""
+    await conn.execute(
+        update(runs).where(runs.c.run_id == run_id).values(idempotency_key=None, request_hash=None)
+    )
+
+
+async def _steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
+    q = select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
+    return [_step(r) for r in (await conn.execute(q)).all()]
+
+
+async def get_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str) -> Run | None:
+    """The run with its steps, if the workspace and mode own it."""
+    q = select(*_RUN_COLUMNS).where(
+        runs.c.run_id == run_id,
+        runs.c.workspace_id == workspace_id,
+        runs.c.mode == str(mode),
+    )
+    row = (await conn.execute(q)).first()
+    if row is None:
+        return None
+    run = _run(row)
+    run.steps = await _steps_of(conn, run_id)
+    return run
+
+
+async def get_run_by_id(conn: AsyncConnection, run_id: str) -> Run | None:
+    """The run with its steps, whoever owns it (for the engine)."""
+    row = (await conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id))).first()
+    if row is None:
+        return None
+    run = _run(row)
+    run.steps = await _steps_of(conn, run_id)
+    return run
+
+
+async def list_runs(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    *,
+    limit: int,
+    after: str | None = None,
+    flow_id: str | None = None,
+    status: RunStatus | None = None,
+) -> list[Run]:
+    """Newest first, without steps; ``after`` is the last run id of the page before."""
+    q = (
+        select(*_RUN_COLUMNS)
+        .where(runs.c.workspace_id == workspace_id, runs.c.mode == str(mode))
+        .order_by(runs.c.run_id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(runs.c.run_id < after)
+    if flow_id is not None:
+        q = q.where(runs.c.flow_id == flow_id)
+    if status is not None:
+        q = q.where(runs.c.status == str(status))
+    return [_run(r) for r in (await conn.execute(q)).all()]
+
+
+async def claim_runs(
+    conn: AsyncConnection, *, owner: str, now: datetime, lease_until: datetime, limit: int
+) -> list[Run]:
+    """Claim up to ``limit`` due runs for ``owner`` under a lease ending at ``lease_until``.
+
+    PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
+    writer, so the same statement inside its write transaction is enough.
+    """
+    due = (
+        select(runs.c.run_id)
+        .where(
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            runs.c.available_at <= now,
+        )
+        .order_by(runs.c.available_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    stmt = (
+        update(runs)
+        .where(runs.c.run_id.in_(due.scalar_subquery()))
+        .values(
+            lease_owner=owner,
+            lease_expires_at=lease_until,
+            available_at=lease_until,
+            claims=runs.c.claims + 1,
+        )
+        .returning(*_RUN_COLUMNS)
+    )
+    claimed = [_run(r) for r in (await conn.execute(stmt)).all()]
+    claimed.sort(key=lambda r: r.queued_at)
+    return claimed
+
+
+async def extend_leases(
+    conn: AsyncConnection, *, owner: str, run_ids: Sequence[str], until: datetime
+) -> int:
+    """Heartbeat: push forward the leases ``owner`` still holds on ``run_ids``."""
+    if not run_ids:
+        return 0
+    result = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.run_id.in_(list(run_ids)),
+            runs.c.lease_owner == owner,
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+        )
+        .values(lease_expires_at=until, available_at=until)
+    )
+    return int(result.rowcount)
+
+
+async def save_progress(
+    conn: AsyncConnection,
+    run_id: str,
+    *,
+    owner: str,
+    status: RunStatus,
+    values: dict[str, Any],
+    steps: Sequence[RunStep] = (),
+    honour_cancel: bool = True,
+) -> None:
+    """Move a leased run to ``status`` with ``values``, and record ``steps``, in one statement
+    each; raises :class:`LeaseLost` (rolling back the transaction) when the guard fails."""
+    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
+        sources = [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
+    else:
+        sources = sources_of(status)
+    guard = and_(
+        runs.c.run_id == run_id,
+        runs.c.lease_owner == owner,
+        runs.c.status.in_(sources),
+    )
+    if honour_cancel:
+        guard = and_(guard, runs.c.cancel_requested_at.is_(None))
+    if status.terminal:
+        values = {**values, "lease_owner": None, "lease_expires_at": None}
+    result = await conn.execute(update(runs).where(guard).values(status=str(status), **values))
+    if result.rowcount != 1:
+        raise LeaseLost(run_id)
+    if steps:
+        await conn.execute(
+            run_steps.insert(),
+            [
+                {
+                    "run_id": run_id,
+                    "idx": s.idx,
+                    "step_id": s.step_id,
+                    "type": s.type,
+                    "status": str(s.status),
+                    "attempts": s.attempts,
+                    "started_at": s.started_at,
+                    "finished_at": s.finished_at,
+                    "duration_ms": s.duration_ms,
+                    "output": s.output,
+                    "error": s.error,
+                }
+                for s in steps
+            ],
+        )
+
+
+async def cancel_queued(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, now: datetime
+) -> bool:
+    """Cancel a run no worker has started; ``False`` when it is not queued (or not unleased)."""
+    result = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.workspace_id == workspace_id,
+            runs.c.mode == str(mode),
+            runs.c.status == str(RunStatus.QUEUED),
+            runs.c.lease_owner.is_(None),
+        )
+        .values(status=str(RunStatus.CANCELLED), finished_at=now, cancel_requested_at=now)
+    )
+    return result.rowcount == 1
+
+
+async def request_cancel(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, now: datetime
+) -> bool:
+    """Flag a run a worker holds; the worker ends it ``cancelled`` at its next write."""
+    result = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.workspace_id == workspace_id,
+            runs.c.mode == str(mode),
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            runs.c.cancel_requested_at.is_(None),
+        )
+        .values(cancel_requested_at=now)
+    )
+    return result.rowcount == 1

@@ -1,0 +1,153 @@
+"""The schema, declared once; Alembic migrations must produce exactly this (a test checks)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    text,
+)
+
+from flowhook.store.types import JSONType, UTCDateTime
+
+__all__ = [
+    "metadata",
+    "workspaces",
+    "api_keys",
+    "flows",
+    "flow_versions",
+    "runs",
+    "run_steps",
+    "events",
+]
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+workspaces = Table(
+    "workspaces",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("prefix", String(24), nullable=False),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("revoked_at", UTCDateTime()),
+)
+
+flows = Table(
+    "flows",
+    metadata,
+    Column("flow_id", String(40), primary_key=True),
+    Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("archived_at", UTCDateTime()),
+    Index(None, "workspace_id", "mode", "flow_id"),
+)
+
+flow_versions = Table(
+    "flow_versions",
+    metadata,
+    Column("flow_id", String(40), ForeignKey("flows.flow_id"), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("definition", JSONType, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("flow_id", String(40), nullable=False),
+    Column("flow_version", Integer, nullable=False),
+    Column("trigger", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("payload", JSONType, nullable=False),
+    Column("output", JSONType),
+    Column("error", JSONType),
+    Column("steps_executed", Integer, nullable=False, server_default=text("0")),
+    Column("next_step", Integer, nullable=False, server_default=text("0")),
+    Column("queued_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("duration_ms", BigInteger),
+    # Queue columns: a run is claimable while queued or running and available_at has passed
+    # and no live lease holds it.
+    Column("available_at", UTCDateTime(), nullable=False),
+    Column("lease_owner", String(64)),
+    Column("lease_expires_at", UTCDateTime()),
+    Column("claims", Integer, nullable=False, server_default=text("0")),
+    Column("cancel_requested_at", UTCDateTime()),
+    Column("idempotency_key", String(255)),
+    Column("request_hash", String(64)),
+    UniqueConstraint("workspace_id", "mode", "idempotency_key"),
+    Index(
+        "ix_runs_claimable",
+        "available_at",
+        postgresql_where=text("status IN ('queued', 'running')"),
+        sqlite_where=text("status IN ('queued', 'running')"),
+    ),
+    Index(None, "workspace_id", "mode", "run_id"),
+    Index(None, "flow_id", "run_id"),
+)
+
+run_steps = Table(
+    "run_steps",
+    metadata,
+    Column("run_id", String(40), ForeignKey("runs.run_id"), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("step_id", String(64), nullable=False),
+    Column("type", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("started_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("duration_ms", BigInteger),
+    Column("output", JSONType),
+    Column("error", JSONType),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("type", String(40), nullable=False),
+    Column("flow_id", String(40)),
+    Column("run_id", String(40)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    # The exact bytes that are signed and sent: every attempt and replay sends these.
+    Column("body", LargeBinary, nullable=False),
+    Index(None, "run_id", "id"),
+    Index(None, "workspace_id", "mode", "id"),
+)
