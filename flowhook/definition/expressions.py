@@ -34,6 +34,12 @@ class ExpressionError(Exception):
 class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**"})
 
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # JSON data first: payload.items is the payload's "items", not dict.items.
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
     def call_binop(self, context: Any, operator_: str, left: Any, right: Any) -> Any:
         if operator_ == "*":
             for seq, times in ((left, right), (right, left)):

@@ -1,0 +1,189 @@
+"""Shared fixtures. ``backend`` runs a test on SQLite and on real PostgreSQL.
+
+PostgreSQL tests read ``FLOWHOOK_TEST_DATABASE_URL``. Without it they are skipped locally;
+under CI (``CI=true``) a missing database is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from flowhook.api.app import create_app
+from flowhook.clock import SystemClock
+from flowhook.config import Settings
+from flowhook.service import Principal, Services
+from flowhook.store.db import Database
+from flowhook.store.migrate import migrate
+from flowhook.store.models import Mode
+from flowhook.store.tables import metadata
+from flowhook.store.wakeup import Wakeup
+
+PG_URL = os.environ.get("FLOWHOOK_TEST_DATABASE_URL")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _server_and_name(url: str) -> tuple[str, str]:
+    base, _, _name = url.rpartition("/")
+    return base, _name.split("?", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session."""
+    if not PG_URL:
+        if IN_CI:
+            pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
+        pytest.skip("FLOWHOOK_TEST_DATABASE_URL is not set")
+    base, admin_db = _server_and_name(PG_URL)
+    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
+    dsn = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    url = f"{base}/{name}"
+
+    async def up() -> None:
+        db = Database(url)
+        await migrate(db)
+        await db.dispose()
+
+    asyncio.run(up())
+    yield url
+    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file, copied for each test (faster than migrating each time)."""
+    path = tmp_path_factory.mktemp("template") / "flowhook.db"
+
+    async def up() -> None:
+        db = Database(f"sqlite:///{path}")
+        await migrate(db)
+        await db.dispose()
+
+    asyncio.run(up())
+    return path
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(
+    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
+) -> Iterator[str]:
+    """A migrated, empty database on each backend."""
+    if request.param == "sqlite":
+        target = tmp_path / "flowhook.db"
+        shutil.copy(sqlite_template, target)
+        yield f"sqlite:///{target}"
+        return
+    url: str = request.getfixturevalue("pg_url")
+    _truncate_all(url)
+    yield url
+
+
+def _truncate_all(url: str) -> None:
+    tables = ", ".join(t.name for t in metadata.sorted_tables)
+
+    async def go() -> None:
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            await conn.execute(f"TRUNCATE {tables} CASCADE")
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, poll_interval=0.5, sqlite_synchronous="NORMAL")
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[Database]:
+    database = Database(settings.database_url, sqlite_synchronous="NORMAL")
+    yield database
+    await database.dispose()
+
+
+@pytest.fixture
+def services(db: Database, settings: Settings) -> Services:
+    return Services(db, SystemClock(), settings, Wakeup())
+
+
+class Api:
+    """An httpx client on the app, plus keys for two workspaces in both modes."""
+
+    def __init__(self, app: FastAPI, client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+        self.app = app
+        self.client = client
+        self.keys = keys
+
+    def auth(self, who: str = "test") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[who]}"}
+
+    async def post(self, path: str, json: Any = None, who: str = "test", **kw: Any) -> httpx.Response:
+        headers = {**self.auth(who), **kw.pop("headers", {})}
+        return await self.client.post(path, json=json, headers=headers, **kw)
+
+    async def get(self, path: str, who: str = "test", **kw: Any) -> httpx.Response:
+        return await self.client.get(path, headers=self.auth(who), **kw)
+
+    async def create_flow(self, definition: dict[str, Any], who: str = "test") -> str:
+        r = await self.post("/api/v1/flows", definition, who=who)
+        assert r.status_code == 201, r.text
+        return str(r.json()["flow_id"])
+
+    async def execute(self, flow_id: str, payload: dict[str, Any] | None = None, who: str = "test") -> str:
+        r = await self.post("/api/v1/flows/execute", {"flow_id": flow_id, "payload": payload or {}}, who=who)
+        assert r.status_code == 202, r.text
+        return str(r.json()["run_id"])
+
+    async def wait(self, run_id: str, who: str = "test", timeout: float = 10.0) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while True:
+                r = await self.get(f"/api/v1/flows/runs/{run_id}", who=who)
+                assert r.status_code == 200, r.text
+                body: dict[str, Any] = r.json()
+                if body["status"] in ("completed", "failed", "cancelled"):
+                    return body
+                await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        services: Services = app.state.services
+        keys = {
+            "test": (await services.keys.create(Mode.TEST, "acme")).key,
+            "live": (await services.keys.create(Mode.LIVE, "acme")).key,
+            "other": (await services.keys.create(Mode.TEST, "globex")).key,
+        }
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://flowhook.test") as client:
+            yield Api(app, client, keys)
+
+
+def principal_for(services: Services, key: str) -> Any:
+    return services.keys.authenticate(f"Bearer {key}")
+
+
+__all__ = ["Api", "Principal"]

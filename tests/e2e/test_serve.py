@@ -1,0 +1,78 @@
+"""The README's path over real HTTP: `flowhook serve` as a process, its first-start keys,
+a run started with the spec's request and polled as SPEC §4.2 shows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import FLOWHOOK, serve
+
+pytestmark = pytest.mark.e2e
+def poll_run(client: httpx.Client, run_id: str, key: str) -> dict[str, object]:
+    # The spec's polling pattern, faster: stop at a terminal status.
+    for _ in range(300):
+        r = client.get(f"/api/v1/flows/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+        body: dict[str, object] = r.json()
+        if body["status"] in ("completed", "failed", "cancelled"):
+            return body
+        time.sleep(0.05)
+    raise AssertionError("run did not finish")
+
+
+def test_first_start_prints_keys_and_the_example_flow_runs(tmp_path: Path, database_url: str) -> None:
+    with serve(tmp_path, database_url) as server:
+        key = server.value("sandbox key")
+        live = server.value("live key")
+        flow_id = server.value("example flow")
+        assert key.startswith("sk_test_") and live.startswith("sk_live_")
+        assert any("curl" in line and "/api/v1/flows/execute" in line for line in server.output)
+        with httpx.Client(base_url=server.base, timeout=10) as client:
+            r = client.post(
+                "/api/v1/flows/execute",
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                content=json.dumps({"flow_id": flow_id, "trigger": "api", "payload": {"order_id": "ord_123", "amount": 42}}),
+            )
+            assert r.status_code == 202, r.text
+            accepted = r.json()
+            assert accepted["status"] == "queued"
+            run = poll_run(client, accepted["run_id"], key)
+            assert run["status"] == "completed"
+            assert run["output"] == {"order_id": "ord_123", "total": 50.4}
+            # The live key cannot see the sandbox run.
+            r = client.get(f"/api/v1/flows/runs/{accepted['run_id']}", headers={"Authorization": f"Bearer {live}"})
+            assert r.status_code == 404
+            assert client.get("/readyz").status_code == 200
+    # A second start on the same database seeds nothing and prints no keys.
+    with serve(tmp_path, database_url) as again:
+        assert not any("sandbox key" in line for line in again.output)
+
+
+def test_keys_create_json_for_scripts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    out = subprocess.run(
+        [FLOWHOOK, "keys", "create", "--mode", "live", "--workspace", "ops", "--json", "--database-url", url],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    body = json.loads(out.stdout)
+    assert set(body) == {"key", "workspace", "mode"}
+    assert body["key"].startswith("sk_live_") and body["workspace"] == "ops" and body["mode"] == "live"
+    listed = subprocess.run(
+        [FLOWHOOK, "keys", "list", "--json", "--database-url", url], capture_output=True, text=True, check=True
+    )
+    [row] = json.loads(listed.stdout)
+    assert body["key"] not in listed.stdout
+    revoked = subprocess.run(
+        [FLOWHOOK, "keys", "revoke", row["id"], "--database-url", url], capture_output=True, text=True
+    )
+    assert revoked.returncode == 0
+    bad = subprocess.run(
+        [FLOWHOOK, "keys", "create", "--mode", "prod", "--database-url", url], capture_output=True, text=True
+    )
+    assert bad.returncode != 0

@@ -1,0 +1,154 @@
+"""The store on both backends: schema, queue claims, leases, guarded transitions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from flowhook.clock import FakeClock
+from flowhook.engine.executor import Executor
+from flowhook.ids import new_id
+from flowhook.service import Services
+from flowhook.store import runs as runs_store
+from flowhook.store.db import Database
+from flowhook.store.migrate import current_revision, head_revision, migrate
+from flowhook.store.models import Mode, Run, RunStatus
+from flowhook.store.tables import metadata
+
+FLOW: dict[str, Any] = {
+    "name": "s",
+    "steps": [{"id": "a", "type": "transform", "output": {"x": "{{ payload.x }}"}}],
+}
+
+
+async def test_migrated_schema_matches_the_declared_one(db: Database) -> None:
+    def diff(sync_conn: Any) -> list[Any]:
+        return list(compare_metadata(MigrationContext.configure(sync_conn), metadata))
+
+    async with db.writer.connect() as conn:
+        assert await conn.run_sync(diff) == []
+    assert await current_revision(db) == head_revision()
+    await migrate(db)  # idempotent
+    assert await current_revision(db) == head_revision()
+
+
+async def _queued(services: Services, n: int, clock: FakeClock) -> tuple[list[str], Any]:
+    created = await services.keys.create(Mode.TEST, "ws")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    flow = await services.flows.create(who, FLOW)
+    services.runs._clock = clock  # type: ignore[attr-defined]
+    ids = []
+    for i in range(n):
+        started = await services.runs.start(who, flow_id=flow.flow_id, payload={"x": i})
+        ids.append(started.run.run_id)
+    return ids, who
+
+
+async def test_concurrent_claims_never_share_a_run(services: Services, db: Database) -> None:
+    clock = FakeClock()
+    ids, _ = await _queued(services, 30, clock)
+    now = clock.now()
+
+    async def claim(owner: str) -> list[str]:
+        got: list[str] = []
+        for _ in range(10):
+            async with db.transaction() as conn:
+                runs = await runs_store.claim_runs(
+                    conn, owner=owner, now=now, lease_until=now + timedelta(seconds=30), limit=2
+                )
+            got += [r.run_id for r in runs]
+        return got
+
+    results = await asyncio.gather(*(claim(f"w{i}") for i in range(4)))
+    claimed = [run_id for r in results for run_id in r]
+    assert sorted(claimed) == sorted(ids)
+    assert len(set(claimed)) == len(claimed)
+
+
+async def test_an_expired_lease_makes_the_run_claimable_again(services: Services, db: Database) -> None:
+    clock = FakeClock()
+    [run_id], _ = await _queued(services, 1, clock)
+    now = clock.now()
+    lease = timedelta(seconds=30)
+    async with db.transaction() as conn:
+        first = await runs_store.claim_runs(conn, owner="a", now=now, lease_until=now + lease, limit=5)
+    assert [r.run_id for r in first] == [run_id]
+    async with db.transaction() as conn:
+        assert await runs_store.claim_runs(conn, owner="b", now=now + timedelta(seconds=29), lease_until=now + lease, limit=5) == []
+    later = now + timedelta(seconds=31)
+    async with db.transaction() as conn:
+        second = await runs_store.claim_runs(conn, owner="b", now=later, lease_until=later + lease, limit=5)
+    assert [r.run_id for r in second] == [run_id]
+    assert second[0].claims == 2
+    # The first owner lost its lease: its writes are refused and roll back.
+    with pytest.raises(runs_store.LeaseLost):
+        async with db.transaction() as conn:
+            await runs_store.save_progress(conn, run_id, owner="a", status=RunStatus.RUNNING, values={})
+    # Heartbeats extend only the leases the owner holds.
+    async with db.transaction() as conn:
+        assert await runs_store.extend_leases(conn, owner="a", run_ids=[run_id], until=later + lease) == 0
+        assert await runs_store.extend_leases(conn, owner="b", run_ids=[run_id], until=later + 2 * lease) == 1
+
+
+async def test_a_crashed_worker_s_run_is_finished_by_the_next(services: Services, db: Database) -> None:
+    clock = FakeClock()
+    [run_id], who = await _queued(services, 1, clock)
+    now = clock.now()
+    async with db.transaction() as conn:
+        await runs_store.claim_runs(conn, owner="dead", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+    clock.advance(31)
+    later = clock.now()
+    async with db.transaction() as conn:
+        [claimed] = await runs_store.claim_runs(conn, owner="alive", now=later, lease_until=later + timedelta(seconds=30), limit=1)
+    assert await Executor(db, clock, "alive").execute(claimed) is RunStatus.COMPLETED
+    run = await services.runs.get(who, run_id)
+    assert run.status is RunStatus.COMPLETED
+    assert [s.step_id for s in run.steps] == ["a"]
+
+
+async def test_terminal_runs_cannot_move(services: Services, db: Database) -> None:
+    clock = FakeClock()
+    [run_id], _ = await _queued(services, 1, clock)
+    now = clock.now()
+    async with db.transaction() as conn:
+        [claimed] = await runs_store.claim_runs(conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+    await Executor(db, clock, "w").execute(claimed)
+    for target in (RunStatus.RUNNING, RunStatus.FAILED, RunStatus.COMPLETED):
+        with pytest.raises(runs_store.LeaseLost):
+            async with db.transaction() as conn:
+                await runs_store.save_progress(conn, run_id, owner="w", status=target, values={})
+
+
+async def test_cancel_requested_while_running_ends_the_run_cancelled(services: Services, db: Database) -> None:
+    clock = FakeClock()
+    [run_id], who = await _queued(services, 1, clock)
+    now = clock.now()
+    async with db.transaction() as conn:
+        [claimed] = await runs_store.claim_runs(conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+    cancelled = await services.runs.cancel(who, run_id)  # held by a worker: flagged
+    assert cancelled.status is RunStatus.QUEUED and cancelled.cancel_requested_at is not None
+    assert await Executor(db, clock, "w").execute(claimed) is RunStatus.CANCELLED
+    run = await services.runs.get(who, run_id)
+    assert run.status is RunStatus.CANCELLED
+    events = await services.runs.events(who, run_id)
+    assert [e.type for e in events] == ["flow.cancelled"]
+
+
+async def test_idempotency_keys_are_unique_per_workspace_and_mode(db: Database) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    clock = FakeClock()
+
+    def run() -> Run:
+        return Run(new_id("run"), "ws_a", Mode.TEST, "wf_x", 1, "api", RunStatus.QUEUED, {}, clock.now())
+
+    async with db.transaction() as conn:
+        await runs_store.insert_run(conn, run(), idempotency_key="k", request_hash="h")
+    with pytest.raises(IntegrityError):
+        async with db.transaction() as conn:
+            await runs_store.insert_run(conn, run(), idempotency_key="k", request_hash="h")

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from flowhook.clock import FakeClock, isoformat
+from flowhook.ids import is_id, new_id
+
+
+def test_ids_have_their_prefix_and_sort_by_creation() -> None:
+    ids = [new_id("run") for _ in range(5000)]
+    assert all(is_id(i, "run") for i in ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == len("run_") + 26 for i in ids)
+
+
+def test_is_id_rejects_other_shapes() -> None:
+    assert not is_id("run_x", "run")
+    assert not is_id(new_id("wf"), "run")
+    assert not is_id("run_" + "u" * 26, "run")  # u is not in the alphabet
+    assert not is_id("run_9" + "0" * 25, "run")  # first character above 7 overflows 128 bits
+
+
+def test_isoformat_is_utc_with_milliseconds_and_z() -> None:
+    when = datetime(2026, 11, 22, 10, 15, 30, 123456, tzinfo=UTC)
+    assert isoformat(when) == "2026-11-22T10:15:30.123Z"
+    other = when.astimezone(timezone(timedelta(hours=5)))
+    assert isoformat(other) == "2026-11-22T10:15:30.123Z"
+
+
+def test_fake_clock_moves_only_when_told() -> None:
+    clock = FakeClock()
+    start = clock.now()
+    assert clock.now() == start
+    clock.advance(30)
+    assert clock.now() - start == timedelta(seconds=30)
