@@ -52,7 +52,9 @@ def _ms(text: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
-def run_wrk(url: str, key: str, flow_id: str, connections: int, duration: int, workdir: Path) -> dict[str, float]:
+def run_wrk(
+    url: str, key: str, flow_id: str, connections: int, duration: int, workdir: Path
+) -> dict[str, float]:
     body = json.dumps({"flow_id": flow_id, "trigger": "api", "payload": {"n": 1}})
     lua = workdir / "execute.lua"
     lua.write_text(
@@ -101,7 +103,9 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
                 time.sleep(0.1)
         auth = {"Authorization": f"Bearer {key}"}
         flow_id = httpx.post(f"{base}/api/v1/flows", json=FLOW, headers=auth).json()["flow_id"]
-        return run_wrk(f"{base}/api/v1/flows/execute", key, flow_id, args.connections, args.duration, workdir)
+        return run_wrk(
+            f"{base}/api/v1/flows/execute", key, flow_id, args.connections, args.duration, workdir
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
@@ -109,7 +113,9 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--duration", type=int, default=10, help="seconds per round")
@@ -118,14 +124,20 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     backend = "PostgreSQL" if args.database_url else "SQLite"
-    print(f"accept: POST /api/v1/flows/execute, {backend}, c{args.connections}, {args.duration}s x {args.repeat}")
+    print(
+        f"accept: POST /api/v1/flows/execute, {backend}, c{args.connections}, {args.duration}s x {args.repeat}"
+    )
     rounds = []
     for i in range(args.repeat):
         r = one_round(args)
         rounds.append(r)
-        print(f"  round {i + 1}: {r['rps']:8.0f} runs/s   p50 {r['p50']:6.1f} ms   p99 {r['p99']:6.1f} ms   non-202 {r['non2xx']:.0f}")
+        print(
+            f"  round {i + 1}: {r['rps']:8.0f} runs/s   p50 {r['p50']:6.1f} ms   p99 {r['p99']:6.1f} ms   non-202 {r['non2xx']:.0f}"
+        )
     med = {k: statistics.median(r[k] for r in rounds) for k in ("rps", "p50", "p99")}
-    print(f"  median : {med['rps']:8.0f} runs/s   p50 {med['p50']:6.1f} ms   p99 {med['p99']:6.1f} ms")
+    print(
+        f"  median : {med['rps']:8.0f} runs/s   p50 {med['p50']:6.1f} ms   p99 {med['p99']:6.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,6 @@ PG_URL = os.environ.get("FLOWHOOK_TEST_DATABASE_URL")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _server_and_name(url: str) -> tuple[str, str]:
-    base, _, _name = url.rpartition("/")
-    return base, _name.split("?", 1)[0]
-
-
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session."""
@@ -45,7 +40,7 @@ def pg_url() -> Iterator[str]:
         if IN_CI:
             pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
         pytest.skip("FLOWHOOK_TEST_DATABASE_URL is not set")
-    base, admin_db = _server_and_name(PG_URL)
+    base = PG_URL.rpartition("/")[0]
     name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
     dsn = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
 
@@ -139,7 +134,9 @@ class Api:
     def auth(self, who: str = "test") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
 
-    async def post(self, path: str, json: Any = None, who: str = "test", **kw: Any) -> httpx.Response:
+    async def post(
+        self, path: str, json: Any = None, who: str = "test", **kw: Any
+    ) -> httpx.Response:
         headers = {**self.auth(who), **kw.pop("headers", {})}
         return await self.client.post(path, json=json, headers=headers, **kw)
 
@@ -151,8 +148,12 @@ class Api:
         assert r.status_code == 201, r.text
         return str(r.json()["flow_id"])
 
-    async def execute(self, flow_id: str, payload: dict[str, Any] | None = None, who: str = "test") -> str:
-        r = await self.post("/api/v1/flows/execute", {"flow_id": flow_id, "payload": payload or {}}, who=who)
+    async def execute(
+        self, flow_id: str, payload: dict[str, Any] | None = None, who: str = "test"
+    ) -> str:
+        r = await self.post(
+            "/api/v1/flows/execute", {"flow_id": flow_id, "payload": payload or {}}, who=who
+        )
         assert r.status_code == 202, r.text
         return str(r.json()["run_id"])
 
@@ -178,7 +179,9 @@ async def api(settings: Settings) -> AsyncIterator[Api]:
             "other": (await services.keys.create(Mode.TEST, "globex")).key,
         }
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://flowhook.test") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://flowhook.test"
+        ) as client:
             yield Api(app, client, keys)
 
 

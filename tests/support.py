@@ -43,7 +43,12 @@ class Server:
 @contextmanager
 def serve(cwd: Path, database_url: str, **env_extra: str) -> Iterator[Server]:
     port = free_port()
-    env = {**os.environ, "FLOWHOOK_DATABASE_URL": database_url, "FLOWHOOK_PORT": str(port), **env_extra}
+    env = {
+        **os.environ,
+        "FLOWHOOK_DATABASE_URL": database_url,
+        "FLOWHOOK_PORT": str(port),
+        **env_extra,
+    }
     proc = subprocess.Popen(
         [FLOWHOOK, "serve"],
         cwd=cwd,
@@ -88,5 +93,3 @@ def serve(cwd: Path, database_url: str, **env_extra: str) -> Iterator[Server]:
         reader.join(timeout=5)
         if proc.stdout:
             proc.stdout.close()
-
-

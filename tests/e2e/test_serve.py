@@ -14,6 +14,8 @@ import pytest
 from tests.support import FLOWHOOK, serve
 
 pytestmark = pytest.mark.e2e
+
+
 def poll_run(client: httpx.Client, run_id: str, key: str) -> dict[str, object]:
     # The spec's polling pattern, faster: stop at a terminal status.
     for _ in range(300):
@@ -26,7 +28,9 @@ def poll_run(client: httpx.Client, run_id: str, key: str) -> dict[str, object]:
     raise AssertionError("run did not finish")
 
 
-def test_first_start_prints_keys_and_the_example_flow_runs(tmp_path: Path, database_url: str) -> None:
+def test_first_start_prints_keys_and_the_example_flow_runs(
+    tmp_path: Path, database_url: str
+) -> None:
     with serve(tmp_path, database_url) as server:
         key = server.value("sandbox key")
         live = server.value("live key")
@@ -37,7 +41,13 @@ def test_first_start_prints_keys_and_the_example_flow_runs(tmp_path: Path, datab
             r = client.post(
                 "/api/v1/flows/execute",
                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-                content=json.dumps({"flow_id": flow_id, "trigger": "api", "payload": {"order_id": "ord_123", "amount": 42}}),
+                content=json.dumps(
+                    {
+                        "flow_id": flow_id,
+                        "trigger": "api",
+                        "payload": {"order_id": "ord_123", "amount": 42},
+                    }
+                ),
             )
             assert r.status_code == 202, r.text
             accepted = r.json()
@@ -46,7 +56,10 @@ def test_first_start_prints_keys_and_the_example_flow_runs(tmp_path: Path, datab
             assert run["status"] == "completed"
             assert run["output"] == {"order_id": "ord_123", "total": 50.4}
             # The live key cannot see the sandbox run.
-            r = client.get(f"/api/v1/flows/runs/{accepted['run_id']}", headers={"Authorization": f"Bearer {live}"})
+            r = client.get(
+                f"/api/v1/flows/runs/{accepted['run_id']}",
+                headers={"Authorization": f"Bearer {live}"},
+            )
             assert r.status_code == 404
             assert client.get("/readyz").status_code == 200
     # A second start on the same database seeds nothing and prints no keys.
@@ -62,17 +75,26 @@ def test_keys_create_json_for_scripts(tmp_path: Path) -> None:
     )  # fmt: skip
     body = json.loads(out.stdout)
     assert set(body) == {"key", "workspace", "mode"}
-    assert body["key"].startswith("sk_live_") and body["workspace"] == "ops" and body["mode"] == "live"
+    assert (
+        body["key"].startswith("sk_live_") and body["workspace"] == "ops" and body["mode"] == "live"
+    )
     listed = subprocess.run(
-        [FLOWHOOK, "keys", "list", "--json", "--database-url", url], capture_output=True, text=True, check=True
+        [FLOWHOOK, "keys", "list", "--json", "--database-url", url],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     [row] = json.loads(listed.stdout)
     assert body["key"] not in listed.stdout
     revoked = subprocess.run(
-        [FLOWHOOK, "keys", "revoke", row["id"], "--database-url", url], capture_output=True, text=True
+        [FLOWHOOK, "keys", "revoke", row["id"], "--database-url", url],
+        capture_output=True,
+        text=True,
     )
     assert revoked.returncode == 0
     bad = subprocess.run(
-        [FLOWHOOK, "keys", "create", "--mode", "prod", "--database-url", url], capture_output=True, text=True
+        [FLOWHOOK, "keys", "create", "--mode", "prod", "--database-url", url],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode != 0

@@ -35,11 +35,17 @@ async def test_invalid_definitions_answer_400_naming_step_and_field(api: Api) ->
             ["'a'", "oops"],
         ),
         (
-            {"name": "x", "steps": [{"id": "a", "type": "condition", "if": "{{ 1 }}", "then": "zz"}]},
+            {
+                "name": "x",
+                "steps": [{"id": "a", "type": "condition", "if": "{{ 1 }}", "then": "zz"}],
+            },
             ["'a'", "then"],
         ),
         (
-            {"name": "x", "steps": [{"id": "a", "type": "transform", "output": {"v": "{{ 1 + }}"}}]},
+            {
+                "name": "x",
+                "steps": [{"id": "a", "type": "transform", "output": {"v": "{{ 1 + }}"}}],
+            },
             ["'a'", "output"],
         ),
         (

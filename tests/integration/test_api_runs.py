@@ -105,7 +105,9 @@ async def test_bad_bodies_answer_400_413_415_with_an_error(api: Api) -> None:
     r = await api.client.post("/api/v1/flows/execute", content=b"{}", headers=h)
     assert r.status_code == 400 and "flow_id" in r.json()["error"]
     r = await api.client.post(
-        "/api/v1/flows/execute", content=b"flow_id=wf_x", headers={**api.auth(), "Content-Type": "text/plain"}
+        "/api/v1/flows/execute",
+        content=b"flow_id=wf_x",
+        headers={**api.auth(), "Content-Type": "text/plain"},
     )
     assert (r.status_code, r.json()["code"]) == (415, "unsupported_media_type")
     big = orjson.dumps({"flow_id": "wf_x", "payload": {"blob": "x" * (1024 * 1024)}})

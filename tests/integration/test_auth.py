@@ -22,7 +22,9 @@ async def test_keys_are_stored_only_as_hashes(services: Services, db: Database) 
     assert rows[0].prefix == created.key[:12]
 
 
-async def test_authenticate_uses_the_cache_and_revoke_takes_effect_at_once(services: Services, db: Database) -> None:
+async def test_authenticate_uses_the_cache_and_revoke_takes_effect_at_once(
+    services: Services, db: Database
+) -> None:
     created = await services.keys.create(Mode.TEST, "acme")
     who = await services.keys.authenticate(f"Bearer {created.key}")
     assert (who.mode, who.key_id) == (Mode.TEST, created.api_key.id)

@@ -14,7 +14,9 @@ def flow(*steps: dict[str, Any], output: Any = None) -> dict[str, Any]:
     return body
 
 
-async def run(api: Api, definition: dict[str, Any], payload: dict[str, Any] | None = None) -> dict[str, Any]:
+async def run(
+    api: Api, definition: dict[str, Any], payload: dict[str, Any] | None = None
+) -> dict[str, Any]:
     flow_id = await api.create_flow(definition)
     return await api.wait(await api.execute(flow_id, payload or {}))
 
@@ -107,7 +109,9 @@ async def test_fail_step_fails_the_run_with_its_message(api: Api) -> None:
 
 
 async def test_an_undefined_value_fails_the_step_with_a_clear_message(api: Api) -> None:
-    result = await run(api, flow({"id": "a", "type": "transform", "output": {"v": "{{ payload.missing.deeper }}"}}))
+    result = await run(
+        api, flow({"id": "a", "type": "transform", "output": {"v": "{{ payload.missing.deeper }}"}})
+    )
     assert result["status"] == "failed"
     assert result["error"]["type"] == "expression"
     assert "missing" in result["error"]["message"]

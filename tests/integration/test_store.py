@@ -70,41 +70,68 @@ async def test_concurrent_claims_never_share_a_run(services: Services, db: Datab
     assert len(set(claimed)) == len(claimed)
 
 
-async def test_an_expired_lease_makes_the_run_claimable_again(services: Services, db: Database) -> None:
+async def test_an_expired_lease_makes_the_run_claimable_again(
+    services: Services, db: Database
+) -> None:
     clock = FakeClock()
     [run_id], _ = await _queued(services, 1, clock)
     now = clock.now()
     lease = timedelta(seconds=30)
     async with db.transaction() as conn:
-        first = await runs_store.claim_runs(conn, owner="a", now=now, lease_until=now + lease, limit=5)
+        first = await runs_store.claim_runs(
+            conn, owner="a", now=now, lease_until=now + lease, limit=5
+        )
     assert [r.run_id for r in first] == [run_id]
     async with db.transaction() as conn:
-        assert await runs_store.claim_runs(conn, owner="b", now=now + timedelta(seconds=29), lease_until=now + lease, limit=5) == []
+        assert (
+            await runs_store.claim_runs(
+                conn, owner="b", now=now + timedelta(seconds=29), lease_until=now + lease, limit=5
+            )
+            == []
+        )
     later = now + timedelta(seconds=31)
     async with db.transaction() as conn:
-        second = await runs_store.claim_runs(conn, owner="b", now=later, lease_until=later + lease, limit=5)
+        second = await runs_store.claim_runs(
+            conn, owner="b", now=later, lease_until=later + lease, limit=5
+        )
     assert [r.run_id for r in second] == [run_id]
     assert second[0].claims == 2
     # The first owner lost its lease: its writes are refused and roll back.
     with pytest.raises(runs_store.LeaseLost):
         async with db.transaction() as conn:
-            await runs_store.save_progress(conn, run_id, owner="a", status=RunStatus.RUNNING, values={})
+            await runs_store.save_progress(
+                conn, run_id, owner="a", status=RunStatus.RUNNING, values={}
+            )
     # Heartbeats extend only the leases the owner holds.
     async with db.transaction() as conn:
-        assert await runs_store.extend_leases(conn, owner="a", run_ids=[run_id], until=later + lease) == 0
-        assert await runs_store.extend_leases(conn, owner="b", run_ids=[run_id], until=later + 2 * lease) == 1
+        assert (
+            await runs_store.extend_leases(conn, owner="a", run_ids=[run_id], until=later + lease)
+            == 0
+        )
+        assert (
+            await runs_store.extend_leases(
+                conn, owner="b", run_ids=[run_id], until=later + 2 * lease
+            )
+            == 1
+        )
 
 
-async def test_a_crashed_worker_s_run_is_finished_by_the_next(services: Services, db: Database) -> None:
+async def test_a_crashed_worker_s_run_is_finished_by_the_next(
+    services: Services, db: Database
+) -> None:
     clock = FakeClock()
     [run_id], who = await _queued(services, 1, clock)
     now = clock.now()
     async with db.transaction() as conn:
-        await runs_store.claim_runs(conn, owner="dead", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+        await runs_store.claim_runs(
+            conn, owner="dead", now=now, lease_until=now + timedelta(seconds=30), limit=1
+        )
     clock.advance(31)
     later = clock.now()
     async with db.transaction() as conn:
-        [claimed] = await runs_store.claim_runs(conn, owner="alive", now=later, lease_until=later + timedelta(seconds=30), limit=1)
+        [claimed] = await runs_store.claim_runs(
+            conn, owner="alive", now=later, lease_until=later + timedelta(seconds=30), limit=1
+        )
     assert await Executor(db, clock, "alive").execute(claimed) is RunStatus.COMPLETED
     run = await services.runs.get(who, run_id)
     assert run.status is RunStatus.COMPLETED
@@ -116,7 +143,9 @@ async def test_terminal_runs_cannot_move(services: Services, db: Database) -> No
     [run_id], _ = await _queued(services, 1, clock)
     now = clock.now()
     async with db.transaction() as conn:
-        [claimed] = await runs_store.claim_runs(conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+        [claimed] = await runs_store.claim_runs(
+            conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1
+        )
     await Executor(db, clock, "w").execute(claimed)
     for target in (RunStatus.RUNNING, RunStatus.FAILED, RunStatus.COMPLETED):
         with pytest.raises(runs_store.LeaseLost):
@@ -124,12 +153,16 @@ async def test_terminal_runs_cannot_move(services: Services, db: Database) -> No
                 await runs_store.save_progress(conn, run_id, owner="w", status=target, values={})
 
 
-async def test_cancel_requested_while_running_ends_the_run_cancelled(services: Services, db: Database) -> None:
+async def test_cancel_requested_while_running_ends_the_run_cancelled(
+    services: Services, db: Database
+) -> None:
     clock = FakeClock()
     [run_id], who = await _queued(services, 1, clock)
     now = clock.now()
     async with db.transaction() as conn:
-        [claimed] = await runs_store.claim_runs(conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1)
+        [claimed] = await runs_store.claim_runs(
+            conn, owner="w", now=now, lease_until=now + timedelta(seconds=30), limit=1
+        )
     cancelled = await services.runs.cancel(who, run_id)  # held by a worker: flagged
     assert cancelled.status is RunStatus.QUEUED and cancelled.cancel_requested_at is not None
     assert await Executor(db, clock, "w").execute(claimed) is RunStatus.CANCELLED
@@ -145,7 +178,9 @@ async def test_idempotency_keys_are_unique_per_workspace_and_mode(db: Database) 
     clock = FakeClock()
 
     def run() -> Run:
-        return Run(new_id("run"), "ws_a", Mode.TEST, "wf_x", 1, "api", RunStatus.QUEUED, {}, clock.now())
+        return Run(
+            new_id("run"), "ws_a", Mode.TEST, "wf_x", 1, "api", RunStatus.QUEUED, {}, clock.now()
+        )
 
     async with db.transaction() as conn:
         await runs_store.insert_run(conn, run(), idempotency_key="k", request_hash="h")

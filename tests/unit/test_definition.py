@@ -21,7 +21,10 @@ DESIGN_EXAMPLE: dict[str, Any] = {
             "request": {
                 "method": "POST",
                 "url": "https://example.com/hook",
-                "json": {"order": "{{ payload.order_id }}", "total": "{{ steps.price.output.total }}"},
+                "json": {
+                    "order": "{{ payload.order_id }}",
+                    "total": "{{ steps.price.output.total }}",
+                },
             },
             "timeout_seconds": 10,
             "retry": {"max_attempts": 3},
@@ -40,14 +43,34 @@ def test_design_example_and_bootstrap_example_are_valid() -> None:
 @pytest.mark.parametrize(
     ("mutate", "field", "words"),
     [
-        (lambda d: d["steps"][1].pop("output"), "definition.steps[1].output", ["'price'", "required"]),
-        (lambda d: d["steps"][1].update(outptu=1), "definition.steps[1].outptu", ["'price'", "outptu"]),
+        (
+            lambda d: d["steps"][1].pop("output"),
+            "definition.steps[1].output",
+            ["'price'", "required"],
+        ),
+        (
+            lambda d: d["steps"][1].update(outptu=1),
+            "definition.steps[1].outptu",
+            ["'price'", "outptu"],
+        ),
         (lambda d: d["steps"][0].update(type="nope"), "definition.steps[0].type", ["'check'"]),
         (lambda d: d.pop("name"), "definition.name", ["name"]),
-        (lambda d: d["steps"][0].update({"else": "check"}), "definition.steps[0].else", ["later step"]),
+        (
+            lambda d: d["steps"][0].update({"else": "check"}),
+            "definition.steps[0].else",
+            ["later step"],
+        ),
         (lambda d: d["steps"][3].update(id="check"), "definition.steps[3].id", ["already"]),
-        (lambda d: d["steps"][2]["request"].pop("url"), "definition.steps[2].request.url", ["'notify'"]),
-        (lambda d: d["steps"][2].update(retry={"max_attempts": 0}), "definition.steps[2].retry.max_attempts", ["minimum"]),
+        (
+            lambda d: d["steps"][2]["request"].pop("url"),
+            "definition.steps[2].request.url",
+            ["'notify'"],
+        ),
+        (
+            lambda d: d["steps"][2].update(retry={"max_attempts": 0}),
+            "definition.steps[2].retry.max_attempts",
+            ["minimum"],
+        ),
         (lambda d: d["steps"][1].update(id="has space"), "definition.steps[1].id", ["steps[1]"]),
         (lambda d: d.update(output={"x": "{{ ) }}"}), "definition.output", ["invalid expression"]),
     ],
@@ -62,7 +85,9 @@ def test_errors_name_the_step_and_field(mutate: Any, field: str, words: list[str
         assert word in info.value.message
 
 
-@pytest.mark.parametrize("bad", [None, [], "x", {"name": "x", "steps": []}, {"name": "", "steps": [{}]}])
+@pytest.mark.parametrize(
+    "bad", [None, [], "x", {"name": "x", "steps": []}, {"name": "", "steps": [{}]}]
+)
 def test_non_definitions_are_refused(bad: Any) -> None:
     with pytest.raises(InvalidDefinition):
         validate_definition(bad)
