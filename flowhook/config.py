@@ -23,6 +23,14 @@ class Settings(BaseSettings):
     poll_interval: float = Field(default=5.0, gt=0)
     """Fallback poll when no wake-up arrives; wake-ups make idle runs start at once."""
 
+    max_claims: int = Field(default=5, ge=1)
+    """A run claimed this many times without finishing or pausing (its workers keep dying)
+    ends failed with error type worker_lost."""
+    plugins: str = ""
+    """Comma-separated modules whose @flowhook.step functions python steps may call."""
+    allow_private_targets: bool = False
+    """Let http steps and webhooks reach loopback and private addresses (development, tests)."""
+
     # Authentication cache: how long a looked-up key is trusted before it is checked again.
     key_cache_seconds: float = Field(default=30.0, ge=0)
 
@@ -42,6 +50,10 @@ class Settings(BaseSettings):
         if value.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError("must be one of OFF, NORMAL, FULL, EXTRA")
         return value.upper()
+
+    @property
+    def plugin_modules(self) -> list[str]:
+        return [m.strip() for m in self.plugins.split(",") if m.strip()]
 
     @property
     def is_sqlite(self) -> bool:

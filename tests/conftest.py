@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from aiohttp import web
 from fastapi import FastAPI
 
 from flowhook.api.app import create_app
@@ -108,7 +109,13 @@ def _truncate_all(url: str) -> None:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, poll_interval=0.5, sqlite_synchronous="NORMAL")
+    return Settings(
+        database_url=database_url,
+        poll_interval=0.5,
+        sqlite_synchronous="NORMAL",
+        allow_private_targets=True,
+        plugins="tests.plugins",
+    )
 
 
 @pytest.fixture
@@ -189,4 +196,45 @@ def principal_for(services: Services, key: str) -> Any:
     return services.keys.authenticate(f"Bearer {key}")
 
 
-__all__ = ["Api", "Principal"]
+class Receiver:
+    """A real HTTP server on 127.0.0.1 that answers from a script and records requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.script: list[tuple[int, Any]] = []
+        self.default: tuple[int, Any] = (200, {"ok": True})
+        self.delay = 0.0
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append(
+            {
+                "method": request.method,
+                "path": request.path_qs,
+                "headers": dict(request.headers),
+                "body": body,
+            }
+        )
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        status, payload = self.script.pop(0) if self.script else self.default
+        return web.json_response(payload, status=status)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", rec.handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rec.url = f"http://127.0.0.1:{port}"
+    yield rec
+    await runner.cleanup()
+
+
+__all__ = ["Api", "Principal", "Receiver"]

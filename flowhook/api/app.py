@@ -65,6 +65,9 @@ def create_app(
                     concurrency=settings.worker_concurrency,
                     lease_seconds=settings.lease_seconds,
                     poll_interval=settings.poll_interval,
+                    max_claims=settings.max_claims,
+                    allow_private_targets=settings.allow_private_targets,
+                    plugins=settings.plugin_modules,
                 )
                 await worker.start()
                 app.state.worker = worker

@@ -2,23 +2,31 @@
 
 Pure steps (``transform``, ``condition``, ``fail``) are collected and committed together with
 their events and the run's progress in one transaction: running them again after a crash
-gives the same result, so nothing is lost by committing late. Every commit is guarded by
+gives the same result, so nothing is lost by committing late. Before any other step
+(``http``, ``python``, ``delay``) what is pending is committed, and the step's result is
+committed right after it, so a finished step never runs twice. Every commit is guarded by
 the lease, so a worker that lost its run cannot overwrite the one that took over.
+
+A delay or a retry backoff releases the run: it is written back with ``available_at`` at its
+wake-up time and no lease, and any worker claims it then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 import orjson
 
 from flowhook.clock import Clock
 from flowhook.definition import ExpressionError, Renderer, compile_value
-from flowhook.engine.steps import Context, Outcome, Step, build_step
+from flowhook.engine.retry import backoff_seconds
+from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.events import make_event
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
@@ -26,22 +34,23 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 
-__all__ = ["Executor", "CompiledFlow"]
+__all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT"]
 
 log = logging.getLogger("flowhook.engine")
+DEFAULT_RUN_TIMEOUT = 3600.0
 
 
 @dataclass(slots=True)
 class CompiledFlow:
     steps: list[Step]
-    index: dict[str, int]
     output: Renderer | None
+    timeout: float
 
     @classmethod
     def build(cls, definition: dict[str, Any]) -> CompiledFlow:
         steps = [build_step(spec) for spec in definition["steps"]]
         output = compile_value(definition["output"]) if "output" in definition else None
-        return cls(steps, {s.id: i for i, s in enumerate(steps)}, output)
+        return cls(steps, output, float(definition.get("timeout_seconds", DEFAULT_RUN_TIMEOUT)))
 
 
 @dataclass(slots=True)
@@ -60,13 +69,34 @@ def _ms(start: datetime, end: datetime) -> int:
     return max(0, round((end - start).total_seconds() * 1000))
 
 
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 class Executor:
-    def __init__(self, db: Database, clock: Clock, owner: str, *, cache_size: int = 1024) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        owner: str,
+        *,
+        http: aiohttp.ClientSession | None = None,
+        allow_private_targets: bool = False,
+        max_claims: int = 5,
+        cache_size: int = 1024,
+    ) -> None:
         self._db = db
         self._clock = clock
         self._owner = owner
+        self._http = http
+        self._allow_private = allow_private_targets
+        self._max_claims = max_claims
         self._flows: OrderedDict[tuple[str, int], CompiledFlow] = OrderedDict()
         self._cache_size = cache_size
+        self.in_step: set[str] = set()
+        """Runs whose step is in flight now: the ones a cancel may interrupt."""
+        self.cancelling: set[str] = set()
+        """Runs whose task the worker cancelled because a cancel was requested."""
 
     async def _compiled(self, run: Run) -> CompiledFlow | None:
         key = (run.flow_id, run.flow_version)
@@ -96,11 +126,22 @@ class Executor:
         )
 
     async def execute(self, run: Run) -> RunStatus | None:
-        """Run ``run`` to its end; the status it ended in, or ``None`` if its lease was lost."""
+        """Run ``run`` until it ends or sleeps; the status it is left in, or ``None`` when its
+        lease was lost to another worker."""
         try:
             return await self._execute(run)
         except runs_store.LeaseLost:
             return await self._after_guard_failed(run)
+        except asyncio.CancelledError:
+            if run.run_id not in self.cancelling:
+                raise  # shutting down: the lease runs out and another worker resumes the run
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return await self._after_guard_failed(run)
+        finally:
+            self.in_step.discard(run.run_id)
+            self.cancelling.discard(run.run_id)
 
     async def _execute(self, run: Run) -> RunStatus | None:
         if run.cancel_requested_at is not None:
@@ -118,21 +159,33 @@ class Executor:
                     now,
                 )
             )
+        if run.claims > self._max_claims:
+            lost = {
+                "type": "worker_lost",
+                "message": f"the run lost its worker {run.claims - 1} times in a row",
+                "step": None,
+            }
+            return await self._finish(run, pending, RunStatus.FAILED, error=lost)
         compiled = await self._compiled(run)
         if compiled is None:
             missing = {"type": "definition", "message": "the flow version of this run is missing"}
             return await self._finish(run, pending, RunStatus.FAILED, error=missing)
+        assert run.started_at is not None
+        deadline = run.started_at + timedelta(seconds=compiled.timeout)
 
         ctx: Context = {
             "payload": run.payload,
             "steps": {},
             "run": {"id": run.run_id, "flow_id": run.flow_id, "trigger": run.trigger},
         }
-        if run.next_step > 0:
+        earlier: dict[int, RunStep] = {}
+        if run.status is RunStatus.RUNNING:  # resumed: load what earlier claims recorded
             async with self._db.read() as conn:
                 done = await runs_store.get_run_by_id(conn, run.run_id)
             for s in done.steps if done else []:
-                ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+                earlier[s.idx] = s
+                if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+                    ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
 
         idx = run.next_step
         skip_to: str | None = None
@@ -144,29 +197,84 @@ class Executor:
                 idx += 1
                 continue
             skip_to = None
+            now = self._clock.now()
+            if now >= deadline:
+                return await self._timed_out(run, pending, idx, step.id, compiled.timeout)
+            prior = earlier.get(idx)
+            if prior is not None and prior.status is StepStatus.WAITING:
+                until = _parse_time(prior.output["until"])
+                if now < until:
+                    return await self._release(run, pending, idx, min(until, deadline))
+                record = RunStep(
+                    idx, step.id, step.type, StepStatus.COMPLETED, prior.attempts,
+                    prior.started_at, now, _ms(prior.started_at or now, now), prior.output,
+                )  # fmt: skip
+                self._record(run, pending, ctx, record, will_retry=False)
+                idx += 1
+                continue
+            attempt = prior.attempts + 1 if prior and prior.status is StepStatus.RETRYING else 1
             if not step.pure and pending:
                 await self._commit(run, pending, idx)
                 pending = _Pending()
+
             started = self._clock.now()
-            outcome = await step.run(ctx)
+            run_left = (deadline - started).total_seconds()
+            limit = min(step.timeout or run_left, run_left)
+            env = StepEnv(
+                self._clock, self._http, self._allow_private, run.run_id, run.flow_id, attempt
+            )
+            self.in_step.add(run.run_id)
+            try:
+                async with asyncio.timeout(limit):
+                    outcome = await step.run(ctx, env)
+            except TimeoutError:
+                if step.timeout is None or run_left <= step.timeout:
+                    return await self._timed_out(run, pending, idx, step.id, compiled.timeout)
+                outcome = Outcome(
+                    error={
+                        "type": "timeout",
+                        "message": f"step took longer than {step.timeout:g} s",
+                    },
+                    action="fail",
+                )
+            finally:
+                self.in_step.discard(run.run_id)
             _check_json(outcome)
             finished = self._clock.now()
+
+            if outcome.action == "wait" and outcome.wait_until is not None:
+                record = RunStep(
+                    idx, step.id, step.type, StepStatus.WAITING, attempt, started, None, None,
+                    outcome.output,
+                )  # fmt: skip
+                pending.steps.append(record)
+                return await self._release(run, pending, idx, min(outcome.wait_until, deadline))
+
+            if outcome.error is not None:
+                delay = backoff_seconds(step.retry, attempt)
+                if delay is not None:
+                    record = RunStep(
+                        idx, step.id, step.type, StepStatus.RETRYING, attempt, started, finished,
+                        _ms(started, finished), outcome.output, outcome.error,
+                    )  # fmt: skip
+                    pending.events.append(self._step_event(run, record, finished, will_retry=True))
+                    pending.steps.append(record)
+                    wake = min(finished + timedelta(seconds=delay), deadline)
+                    return await self._release(run, pending, idx, wake)
+
             record = RunStep(
                 idx=idx,
                 step_id=step.id,
                 type=step.type,
                 status=StepStatus.FAILED if outcome.error else StepStatus.COMPLETED,
-                attempts=1,
+                attempts=attempt,
                 started_at=started,
                 finished_at=finished,
                 duration_ms=_ms(started, finished),
                 output=outcome.output,
                 error=outcome.error,
             )
-            pending.steps.append(record)
-            pending.events.append(self._step_event(run, record, finished))
-            ctx["steps"][step.id] = {"output": outcome.output, "status": str(record.status)}
-            run.steps_executed += 1
+            self._record(run, pending, ctx, record, will_retry=False)
             idx += 1
             if outcome.action == "fail":
                 error = dict(outcome.error or {"type": "fail", "message": "step failed"})
@@ -194,22 +302,39 @@ class Executor:
                 )
         return await self._finish(run, pending, RunStatus.COMPLETED, next_step=idx, output=output)
 
-    def _step_event(self, run: Run, step: RunStep, now: datetime) -> Event:
+    def _record(
+        self, run: Run, pending: _Pending, ctx: Context, record: RunStep, *, will_retry: bool
+    ) -> None:
+        pending.steps.append(record)
+        pending.events.append(
+            self._step_event(
+                run, record, record.finished_at or self._clock.now(), will_retry=will_retry
+            )
+        )
+        ctx["steps"][record.step_id] = {"output": record.output, "status": str(record.status)}
+        run.steps_executed += 1
+
+    def _step_event(self, run: Run, step: RunStep, now: datetime, *, will_retry: bool) -> Event:
         payload: dict[str, Any] = {
             "step_id": step.step_id,
             "type": step.type,
             "attempt": step.attempts,
             "duration_ms": step.duration_ms,
         }
-        if step.status is StepStatus.FAILED:
+        if step.error is not None:
             payload["error"] = step.error
-            payload["will_retry"] = False
+            payload["will_retry"] = will_retry
             return self._event(run, "flow.step_failed", payload, now)
         payload["output"] = step.output
         return self._event(run, "flow.step_completed", payload, now)
 
-    async def _commit(self, run: Run, pending: _Pending, next_step: int) -> None:
-        values = {**pending.values, "next_step": next_step, "steps_executed": run.steps_executed}
+    async def _commit(self, run: Run, pending: _Pending, next_step: int, **extra: Any) -> None:
+        values = {
+            **pending.values,
+            "next_step": next_step,
+            "steps_executed": run.steps_executed,
+            **extra,
+        }
         async with self._db.transaction() as conn:
             await runs_store.save_progress(
                 conn,
@@ -221,6 +346,26 @@ class Executor:
             )
             await events_store.insert_events(conn, pending.events)
         run.status = RunStatus.RUNNING
+
+    async def _release(self, run: Run, pending: _Pending, idx: int, wake: datetime) -> RunStatus:
+        """Give the run back until ``wake`` (a delay or a retry backoff): no lease, and the
+        lost-worker count starts again."""
+        await self._commit(
+            run,
+            pending,
+            idx,
+            available_at=wake,
+            lease_owner=None,
+            lease_expires_at=None,
+            claims=0,
+        )
+        return RunStatus.RUNNING
+
+    async def _timed_out(
+        self, run: Run, pending: _Pending, idx: int, step_id: str, timeout: float
+    ) -> RunStatus:
+        error = {"type": "timeout", "message": f"run exceeded {timeout:g} s", "step": step_id}
+        return await self._finish(run, pending, RunStatus.FAILED, next_step=idx, error=error)
 
     async def _finish(
         self,
@@ -283,7 +428,6 @@ class Executor:
         if current is None or current.status.terminal:
             return None
         if current.cancel_requested_at is not None:
-            current.started_at = current.started_at or run.started_at
             try:
                 return await self._cancel(current)
             except runs_store.LeaseLost:
@@ -319,5 +463,5 @@ def _check_json(outcome: Outcome) -> None:
         orjson.dumps(outcome.output)
     except TypeError as exc:
         outcome.output = None
-        outcome.error = {"type": "expression", "message": f"output is not JSON: {exc}"}
+        outcome.error = {"type": "output", "message": f"output is not JSON: {exc}"}
         outcome.action = "fail"

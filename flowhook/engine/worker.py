@@ -1,7 +1,9 @@
-"""The worker loop: claim due runs in batches, run each as an asyncio task, keep leases alive.
+"""The worker loop: claim due runs in batches, run each as an asyncio task, keep leases alive,
+and interrupt runs someone cancelled.
 
-Idle, it sleeps until woken (a run was queued in this process, or NOTIFY from another), with a
-slow poll as the fallback. It never holds more than ``concurrency`` runs.
+Idle, it sleeps until woken (a run was queued in this process, or NOTIFY from another) or
+until the next sleeping run is due, with a slow poll as the fallback. It never holds more
+than ``concurrency`` runs.
 """
 
 from __future__ import annotations
@@ -14,17 +16,24 @@ import socket
 import uuid
 from datetime import timedelta
 
+import aiohttp
+
 from flowhook.clock import Clock
 from flowhook.engine.executor import Executor
 from flowhook.errors import StoreUnavailable
+from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Run
 from flowhook.store.wakeup import Wakeup
+from flowhook.targets import GuardedResolver
 
-__all__ = ["Worker", "new_owner_id"]
+__all__ = ["Worker", "new_owner_id", "CANCEL_CHECK_SECONDS"]
 
 log = logging.getLogger("flowhook.engine")
+
+CANCEL_CHECK_SECONDS = 0.5
+"""How often a worker looks for cancel requests on the runs it holds."""
 
 
 def new_owner_id() -> str:
@@ -41,6 +50,9 @@ class Worker:
         concurrency: int = 64,
         lease_seconds: float = 30.0,
         poll_interval: float = 5.0,
+        max_claims: int = 5,
+        allow_private_targets: bool = False,
+        plugins: list[str] | None = None,
         owner: str | None = None,
     ) -> None:
         self.db = db
@@ -50,15 +62,37 @@ class Worker:
         self.lease = timedelta(seconds=lease_seconds)
         self.poll_interval = poll_interval
         self.owner = owner or new_owner_id()
-        self.executor = Executor(db, clock, self.owner)
+        self._max_claims = max_claims
+        self._allow_private = allow_private_targets
+        load_plugins(plugins or [])
+        self.http: aiohttp.ClientSession | None = None
+        self.executor = Executor(db, clock, self.owner, max_claims=max_claims)
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
+    async def open(self) -> None:
+        """Create the shared HTTP session (without starting the loops; tests drive run_once)."""
+        if self.http is None:
+            connector = aiohttp.TCPConnector(
+                resolver=GuardedResolver(allow_private=self._allow_private), limit=256
+            )
+            self.http = aiohttp.ClientSession(connector=connector)
+            self.executor = Executor(
+                self.db,
+                self.clock,
+                self.owner,
+                http=self.http,
+                allow_private_targets=self._allow_private,
+                max_claims=self._max_claims,
+            )
+
     async def start(self) -> None:
+        await self.open()
         self._tasks = [
             asyncio.create_task(self._loop(), name="flowhook-worker"),
             asyncio.create_task(self._heartbeat(), name="flowhook-heartbeat"),
+            asyncio.create_task(self._watch_cancels(), name="flowhook-cancels"),
         ]
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -73,6 +107,9 @@ class Worker:
         for task in [*self._inflight.values(), *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
 
     async def run_once(self) -> int:
         """Claim and start what is due now; the number of runs claimed."""
@@ -98,11 +135,24 @@ class Worker:
             await self.executor.execute(run)
         except StoreUnavailable:
             log.warning("run %s: store unavailable; it resumes when its lease expires", run.run_id)
+        except asyncio.CancelledError:
+            raise
         except Exception:
             log.exception("run %s: unexpected error in the engine", run.run_id)
         finally:
             self._inflight.pop(run.run_id, None)
             self.wakeup.notify()
+
+    async def _idle_wait(self) -> None:
+        timeout = self.poll_interval
+        try:
+            async with self.db.read() as conn:
+                due = await runs_store.next_due(conn)
+            if due is not None:
+                timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()) + 0.005)
+        except StoreUnavailable:
+            pass
+        await self.wakeup.wait(timeout)
 
     async def _loop(self) -> None:
         backoff = 0.1
@@ -122,7 +172,10 @@ class Worker:
                 continue
             if claimed and len(self._inflight) < self.concurrency:
                 continue  # more may be due
-            await self.wakeup.wait(self.poll_interval)
+            if len(self._inflight) >= self.concurrency:
+                await self.wakeup.wait(self.poll_interval)  # a finishing run wakes us
+            else:
+                await self._idle_wait()
 
     async def _heartbeat(self) -> None:
         interval = self.lease.total_seconds() / 3
@@ -140,3 +193,23 @@ class Worker:
                     )
             except Exception:
                 log.exception("worker: heartbeat failed")
+
+    async def _watch_cancels(self) -> None:
+        """Interrupt a step in flight when its run is cancelled (an http request, a python
+        function awaiting): the executor then ends the run ``cancelled``."""
+        while not self._stopping.is_set():
+            await asyncio.sleep(CANCEL_CHECK_SECONDS)
+            busy = [r for r in self.executor.in_step if r in self._inflight]
+            if not busy:
+                continue
+            try:
+                async with self.db.read() as conn:
+                    wanted = await runs_store.cancel_requested_among(conn, busy)
+            except Exception:
+                log.exception("worker: cancel check failed")
+                continue
+            for run_id in wanted:
+                task = self._inflight.get(run_id)
+                if task is not None and run_id in self.executor.in_step:
+                    self.executor.cancelling.add(run_id)
+                    task.cancel()

@@ -175,12 +175,13 @@ class RunService:
         return Page(rows, rows[-1].run_id if more else None)
 
     async def cancel(self, who: Principal, run_id: str) -> Run:
-        """Cancel a queued run at once; flag a running one, which its worker then ends."""
+        """Cancel a run no worker holds at once; flag one a worker holds, which it then ends
+        within a second (its step in flight is interrupted)."""
         if not is_id(run_id, "run"):
             raise _run_not_found(run_id)
         now = self._clock.now()
         async with self._db.transaction() as conn:
-            if await runs_store.cancel_queued(conn, who.workspace_id, who.mode, run_id, now):
+            if await runs_store.cancel_unleased(conn, who.workspace_id, who.mode, run_id, now):
                 run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
                 assert run is not None
                 await events_store.insert_events(

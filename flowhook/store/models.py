@@ -64,7 +64,10 @@ def sources_of(target: RunStatus) -> list[str]:
 
 
 class StepStatus(enum.StrEnum):
-    RUNNING = "running"
+    WAITING = "waiting"
+    """A delay step until its time comes (``output.until``)."""
+    RETRYING = "retrying"
+    """A failed attempt with attempts left; the run sleeps until the backoff ends."""
     COMPLETED = "completed"
     FAILED = "failed"
     SKIPPED = "skipped"

@@ -9,10 +9,11 @@ and the claim query needs no separate lease test. Heartbeats push both forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, select, text, update
+from sqlalchemy import and_, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus, sources_of
@@ -30,8 +31,10 @@ __all__ = [
     "claim_runs",
     "extend_leases",
     "save_progress",
-    "cancel_queued",
+    "cancel_unleased",
     "request_cancel",
+    "next_due",
+    "cancel_requested_among",
 ]
 
 NOTIFY_CHANNEL = "flowhook_runs"
@@ -267,8 +270,18 @@ async def save_progress(
     if result.rowcount != 1:
         raise LeaseLost(run_id)
     if steps:
+        dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        stmt = dialect_insert(run_steps)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[run_steps.c.run_id, run_steps.c.idx],
+            set_={
+                c.name: stmt.excluded[c.name]
+                for c in run_steps.c
+                if c.name not in ("run_id", "idx")
+            },
+        )
         await conn.execute(
-            run_steps.insert(),
+            stmt,
             [
                 {
                     "run_id": run_id,
@@ -288,17 +301,18 @@ async def save_progress(
         )
 
 
-async def cancel_queued(
+async def cancel_unleased(
     conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, now: datetime
 ) -> bool:
-    """Cancel a run no worker has started; ``False`` when it is not queued (or not unleased)."""
+    """Cancel a run no worker holds (queued, or sleeping in a delay or a retry backoff);
+    ``False`` when a worker holds it or it has ended."""
     result = await conn.execute(
         update(runs)
         .where(
             runs.c.run_id == run_id,
             runs.c.workspace_id == workspace_id,
             runs.c.mode == str(mode),
-            runs.c.status == str(RunStatus.QUEUED),
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
             runs.c.lease_owner.is_(None),
         )
         .values(status=str(RunStatus.CANCELLED), finished_at=now, cancel_requested_at=now)
@@ -322,3 +336,25 @@ async def request_cancel(
         .values(cancel_requested_at=now)
     )
     return result.rowcount == 1
+
+
+async def next_due(conn: AsyncConnection) -> datetime | None:
+    """When the next queued or sleeping run becomes claimable."""
+    q = select(func.min(runs.c.available_at)).where(
+        runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)])
+    )
+    value = (await conn.execute(q)).scalar_one_or_none()
+    if value is None:
+        return None
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) -> list[str]:
+    """Which of ``run_ids`` someone asked to cancel."""
+    if not run_ids:
+        return []
+    q = select(runs.c.run_id).where(
+        runs.c.run_id.in_(list(run_ids)), runs.c.cancel_requested_at.is_not(None)
+    )
+    return list((await conn.execute(q)).scalars())

@@ -141,9 +141,3 @@ async def test_flow_output_error_fails_the_run(api: Api) -> None:
     assert result["status"] == "failed"
     assert result["error"]["type"] == "expression"
     assert result["error"]["step"] is None
-
-
-async def test_unsupported_step_type_fails_clearly(api: Api) -> None:
-    result = await run(api, flow({"id": "wait", "type": "delay", "seconds": 1}))
-    assert result["status"] == "failed"
-    assert result["error"]["type"] == "unsupported_step"

@@ -4,40 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowhook.engine.steps.base import Context, Outcome, Step
+from flowhook.engine.steps.base import Context, Outcome, Step, StepEnv
 from flowhook.engine.steps.condition import ConditionStep
+from flowhook.engine.steps.delay import DelayStep
 from flowhook.engine.steps.fail import FailStep
+from flowhook.engine.steps.http import HttpStep
+from flowhook.engine.steps.python import PythonStep
 from flowhook.engine.steps.transform import TransformStep
 
-__all__ = ["Context", "Outcome", "Step", "build_step", "UnsupportedStep"]
+__all__ = ["Context", "Outcome", "Step", "StepEnv", "build_step"]
 
-
-class UnsupportedStep:
-    """A step type the definition format names but this engine does not run yet."""
-
-    pure = True
-
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
-        self.type: str = spec["type"]
-
-    async def run(self, ctx: Context) -> Outcome:
-        return Outcome(
-            error={
-                "type": "unsupported_step",
-                "message": f"step type {self.type!r} is not supported by this version of Flowhook",
-            },
-            action="fail",
-        )
-
-
-_TYPES: dict[str, type[TransformStep] | type[ConditionStep] | type[FailStep]] = {
+_TYPES: dict[str, Any] = {
     "transform": TransformStep,
     "condition": ConditionStep,
     "fail": FailStep,
+    "http": HttpStep,
+    "delay": DelayStep,
+    "python": PythonStep,
 }
 
 
 def build_step(spec: dict[str, Any]) -> Step:
-    cls = _TYPES.get(spec["type"])
-    return cls(spec) if cls is not None else UnsupportedStep(spec)
+    step: Step = _TYPES[spec["type"]](spec)
+    return step

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
-__all__ = ["Step", "Outcome", "Context"]
+import aiohttp
+
+from flowhook.clock import Clock
+
+__all__ = ["Step", "Outcome", "Context", "StepEnv", "error"]
 
 Context = dict[str, Any]
 """What expressions see: ``payload``, ``steps`` (id → output and status) and ``run``."""
@@ -14,12 +19,30 @@ Context = dict[str, Any]
 @dataclass(slots=True)
 class Outcome:
     """A finished step. ``error`` set means the step failed; ``action`` says where to go next:
-    ``continue``, ``end``, ``fail`` or ``goto`` (with ``target``)."""
+    ``continue``, ``end``, ``fail``, ``goto`` (with ``target``) or ``wait`` (until
+    ``wait_until``, releasing the worker)."""
 
     output: Any = None
     error: dict[str, Any] | None = None
     action: str = "continue"
     target: str | None = None
+    wait_until: datetime | None = None
+
+
+def error(type_: str, message: str, **extra: Any) -> Outcome:
+    return Outcome(error={"type": type_, "message": message, **extra}, action="fail")
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnv:
+    """What a step may use besides the expression context."""
+
+    clock: Clock
+    http: aiohttp.ClientSession | None
+    allow_private_targets: bool
+    run_id: str
+    flow_id: str
+    attempt: int
 
 
 class Step(Protocol):
@@ -28,5 +51,7 @@ class Step(Protocol):
     pure: bool
     """A pure step gives the same result when run again, so its result may be committed
     together with the steps after it."""
+    timeout: float | None
+    retry: dict[str, Any] | None
 
-    async def run(self, ctx: Context) -> Outcome: ...
+    async def run(self, ctx: Context, env: StepEnv) -> Outcome: ...

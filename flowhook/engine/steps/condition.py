@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ACTIONS, ExpressionError, compile_value
-from flowhook.engine.steps.base import Context, Outcome
+from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["ConditionStep"]
 
@@ -20,15 +20,17 @@ class ConditionStep:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
+        self.timeout: float | None = spec.get("timeout_seconds")
+        self.retry: dict[str, Any] | None = spec.get("retry")
         self._if = compile_value(spec["if"])
         self._then: str = spec.get("then", "continue")
         self._else: str = spec.get("else", "continue")
 
-    async def run(self, ctx: Context) -> Outcome:
+    async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
             result = bool(self._if(ctx))
         except ExpressionError as exc:
-            return Outcome(error={"type": "expression", "message": str(exc)}, action="fail")
+            return error("expression", str(exc))
         branch = self._then if result else self._else
         output = {"result": result}
         if branch == "fail":

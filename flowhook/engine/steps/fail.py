@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ExpressionError, compile_value
-from flowhook.engine.steps.base import Context, Outcome
+from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["FailStep"]
 
@@ -13,14 +13,16 @@ __all__ = ["FailStep"]
 class FailStep:
     type = "fail"
     pure = True
+    timeout = None
+    retry = None
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
         self._message = compile_value(spec.get("message", f"step {spec['id']!r} failed the run"))
 
-    async def run(self, ctx: Context) -> Outcome:
+    async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
             message = str(self._message(ctx))
         except ExpressionError as exc:
             message = str(exc)
-        return Outcome(error={"type": "fail", "message": message}, action="fail")
+        return error("fail", message)

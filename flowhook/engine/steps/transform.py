@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ExpressionError, compile_value
-from flowhook.engine.steps.base import Context, Outcome
+from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["TransformStep"]
 
@@ -16,10 +16,12 @@ class TransformStep:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
+        self.timeout: float | None = spec.get("timeout_seconds")
+        self.retry: dict[str, Any] | None = spec.get("retry")
         self._output = compile_value(spec["output"])
 
-    async def run(self, ctx: Context) -> Outcome:
+    async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
             return Outcome(output=self._output(ctx))
         except ExpressionError as exc:
-            return Outcome(error={"type": "expression", "message": str(exc)}, action="fail")
+            return error("expression", str(exc))

@@ -1,0 +1,102 @@
+"""``http``: an outbound request, every string templated.
+
+``request: {method, url, headers, query, json | body}``; output ``{status_code, headers,
+json | body}``. A non-2xx answer is a step error unless its code is in ``accept_status``.
+Redirects are not followed (a redirect could lead past the target guard). The request
+carries ``Idempotency-Key: <run_id>:<step_id>``, the same on every attempt, so a receiver can
+drop a retried duplicate. Default timeout 30 s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+
+from flowhook.definition import ExpressionError, compile_value
+from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.targets import TargetRefused, check_url
+
+__all__ = ["HttpStep", "MAX_RESPONSE_BYTES"]
+
+MAX_RESPONSE_BYTES = 1024 * 1024
+DEFAULT_TIMEOUT = 30.0
+
+
+class HttpStep:
+    type = "http"
+    pure = False
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.id: str = spec["id"]
+        self.timeout: float | None = spec.get("timeout_seconds", DEFAULT_TIMEOUT)
+        self.retry: dict[str, Any] | None = spec.get("retry")
+        self._request = compile_value(spec["request"])
+        self._accept = set(spec.get("accept_status", []))
+
+    async def run(self, ctx: Context, env: StepEnv) -> Outcome:
+        try:
+            request = self._request(ctx)
+        except ExpressionError as exc:
+            return error("expression", str(exc))
+        method = str(request.get("method", "GET")).upper()
+        url = str(request["url"])
+        try:
+            check_url(url, allow_private=env.allow_private_targets)
+        except TargetRefused as exc:
+            return error("destination_blocked", exc.message)
+        headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items()}
+        if not any(k.lower() == "idempotency-key" for k in headers):
+            headers["Idempotency-Key"] = f"{env.run_id}:{self.id}"
+        params = {
+            str(k): v if isinstance(v, str) else orjson.dumps(v).decode()
+            for k, v in (request.get("query") or {}).items()
+        }
+        kwargs: dict[str, Any] = {"headers": headers, "params": params, "allow_redirects": False}
+        if "json" in request:
+            kwargs["data"] = orjson.dumps(request["json"])
+            headers.setdefault("Content-Type", "application/json")
+        elif "body" in request:
+            kwargs["data"] = str(request["body"]).encode()
+        assert env.http is not None, "the worker gives http steps a session"
+        try:
+            async with env.http.request(method, url, **kwargs) as response:
+                raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
+                if len(raw) > MAX_RESPONSE_BYTES:
+                    return error("http", f"response larger than {MAX_RESPONSE_BYTES} bytes")
+                output: dict[str, Any] = {
+                    "status_code": response.status,
+                    "headers": {str(k): v for k, v in response.headers.items()},
+                }
+                if response.content_type == "application/json" or response.content_type.endswith(
+                    "+json"
+                ):
+                    try:
+                        output["json"] = orjson.loads(raw) if raw else None
+                    except orjson.JSONDecodeError:
+                        output["body"] = raw.decode("utf-8", "replace")
+                else:
+                    output["body"] = raw.decode("utf-8", "replace")
+        except TargetRefused as exc:
+            return error("destination_blocked", exc.message)
+        except aiohttp.ClientConnectorDNSError as exc:
+            return error("dns", f"{url}: {exc}")
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.__cause__, TargetRefused):
+                return error("destination_blocked", exc.__cause__.message)
+            return error("connection", f"{url}: {exc}")
+        except aiohttp.ClientError as exc:
+            return error("connection", f"{url}: {type(exc).__name__}: {exc}")
+        status = output["status_code"]
+        if 200 <= status < 300 or status in self._accept:
+            return Outcome(output=output)
+        return Outcome(
+            output=output,
+            error={
+                "type": "http",
+                "message": f"{method} {url} answered {status}",
+                "status_code": status,
+            },
+            action="fail",
+        )

@@ -1,0 +1,46 @@
+"""Functions for python steps in the tests (FLOWHOOK_PLUGINS=tests.plugins)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import flowhook
+
+CALLS: dict[str, int] = {}
+
+
+@flowhook.step("double")
+def double(ctx: flowhook.StepContext) -> dict[str, Any]:
+    return {"value": ctx.input["n"] * 2, "order": ctx.payload.get("order_id")}
+
+
+@flowhook.step("flaky")
+async def flaky(ctx: flowhook.StepContext) -> dict[str, Any]:
+    CALLS[ctx.run_id] = CALLS.get(ctx.run_id, 0) + 1
+    if ctx.attempt < 3:
+        raise RuntimeError(f"attempt {ctx.attempt} fails")
+    return {"attempt": ctx.attempt}
+
+
+@flowhook.step("nap")
+async def nap(ctx: flowhook.StepContext) -> dict[str, Any]:
+    await asyncio.sleep(float(ctx.input))
+    return {"slept": ctx.input}
+
+
+@flowhook.step("count")
+def count(ctx: flowhook.StepContext) -> dict[str, Any]:
+    """Appends a line per execution to $FLOWHOOK_TEST_COUNT_DIR/<run>-<step>, so a test can
+    tell how often a step ran across process restarts."""
+    folder = Path(os.environ["FLOWHOOK_TEST_COUNT_DIR"])
+    with (folder / f"{ctx.run_id}-{ctx.step_id}").open("a") as f:
+        f.write("ran\n")
+    return {"ok": True}
+
+
+@flowhook.step("not_json")
+def not_json(ctx: flowhook.StepContext) -> Any:
+    return {"value": object()}
