@@ -42,6 +42,7 @@ check: lint typecheck
 
 bench: install
 	$(BIN)/python bench/accept.py
+	$(BIN)/python bench/complete.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache flowhook.db flowhook.db-*

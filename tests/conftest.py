@@ -226,7 +226,11 @@ class Receiver:
 async def receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", rec.handle)
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        return await rec.handle(request)  # looked up per request, so a test may swap it
+
+    app.router.add_route("*", "/{tail:.*}", dispatch)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

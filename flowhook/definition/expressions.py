@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import operator
 import re
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,9 @@ MAX_SEQUENCE = 100_000
 """Longest string or list an expression may build by repetition."""
 
 _MAX_POWER_BITS = 4096
+
+MAX_EVAL_SECONDS = 1.0
+"""Longest one evaluation may run; a template looping for longer is stopped."""
 
 Renderer = Callable[[dict[str, Any]], Any]
 
@@ -61,10 +66,40 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 
 _env = _Sandbox(undefined=StrictUndefined, autoescape=False)
+_TEMPLATE_FILE = "<template>"  # the file name Jinja gives code compiled from a string
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def _bounded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` with a line tracer on template code that stops it after
+    :data:`MAX_EVAL_SECONDS` (Python gives no other way to bound a loop in the sandbox)."""
+    deadline = time.monotonic() + MAX_EVAL_SECONDS
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _TooSlow
+        return local
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename == _TEMPLATE_FILE else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.settrace(previous)
+
+
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)
 
 
 def _describe(exc: Exception) -> str:
+    if isinstance(exc, _TooSlow):
+        return f"took longer than {MAX_EVAL_SECONDS:g} s"
     if isinstance(exc, SecurityError):
         return f"refused by the sandbox: {exc}"
     return str(exc) or type(exc).__name__
@@ -80,7 +115,7 @@ def _compile_string(source: str) -> Renderer:
 
         def native(ctx: dict[str, Any]) -> Any:
             try:
-                value = expr(**ctx)
+                value = _bounded(expr, **ctx)
                 if isinstance(value, Undefined):
                     value._fail_with_undefined_error()
                 return value
@@ -96,7 +131,7 @@ def _compile_string(source: str) -> Renderer:
 
         def text(ctx: dict[str, Any]) -> Any:
             try:
-                return template.render(ctx)
+                return _bounded(template.render, ctx)
             except Exception as exc:
                 raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 

@@ -38,6 +38,8 @@ __all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT"]
 
 log = logging.getLogger("flowhook.engine")
 DEFAULT_RUN_TIMEOUT = 3600.0
+FLOW_CAP_RETRY = timedelta(milliseconds=200)
+"""How soon a run held back by its flow's ``concurrency`` is tried again."""
 
 
 @dataclass(slots=True)
@@ -45,12 +47,14 @@ class CompiledFlow:
     steps: list[Step]
     output: Renderer | None
     timeout: float
+    concurrency: int | None
 
     @classmethod
     def build(cls, definition: dict[str, Any]) -> CompiledFlow:
         steps = [build_step(spec) for spec in definition["steps"]]
         output = compile_value(definition["output"]) if "output" in definition else None
-        return cls(steps, output, float(definition.get("timeout_seconds", DEFAULT_RUN_TIMEOUT)))
+        timeout = float(definition.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
+        return cls(steps, output, timeout, definition.get("concurrency"))
 
 
 @dataclass(slots=True)
@@ -146,6 +150,17 @@ class Executor:
     async def _execute(self, run: Run) -> RunStatus | None:
         if run.cancel_requested_at is not None:
             return await self._cancel(run)
+        compiled = await self._compiled(run)
+        if compiled is not None and compiled.concurrency is not None:
+            now = self._clock.now()
+            async with self._db.read() as conn:
+                ahead = await runs_store.count_older_in_flight(conn, run, now)
+            if ahead >= compiled.concurrency:
+                async with self._db.transaction() as conn:
+                    await runs_store.defer(
+                        conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
+                    )
+                return run.status
         pending = _Pending()
         now = self._clock.now()
         if run.status is RunStatus.QUEUED:
@@ -166,7 +181,6 @@ class Executor:
                 "step": None,
             }
             return await self._finish(run, pending, RunStatus.FAILED, error=lost)
-        compiled = await self._compiled(run)
         if compiled is None:
             missing = {"type": "definition", "message": "the flow version of this run is missing"}
             return await self._finish(run, pending, RunStatus.FAILED, error=missing)

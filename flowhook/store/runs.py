@@ -35,6 +35,8 @@ __all__ = [
     "request_cancel",
     "next_due",
     "cancel_requested_among",
+    "count_older_in_flight",
+    "defer",
 ]
 
 NOTIFY_CHANNEL = "flowhook_runs"
@@ -358,3 +360,38 @@ async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) 
         runs.c.run_id.in_(list(run_ids)), runs.c.cancel_requested_at.is_not(None)
     )
     return list((await conn.execute(q)).scalars())
+
+
+async def count_older_in_flight(conn: AsyncConnection, run: Run, now: datetime) -> int:
+    """Runs of ``run``'s flow older than it that a worker holds now (for the flow's
+    ``concurrency`` cap: the oldest runs go first, so the cap never starves them all)."""
+    q = (
+        select(func.count())
+        .select_from(runs)
+        .where(
+            runs.c.flow_id == run.flow_id,
+            runs.c.run_id < run.run_id,
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            runs.c.lease_owner.is_not(None),
+            runs.c.lease_expires_at > now,
+        )
+    )
+    return int((await conn.execute(q)).scalar_one())
+
+
+async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: datetime) -> None:
+    """Hand a claimed run back untouched until ``until``; the claim does not count as lost."""
+    result = await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.lease_owner == owner)
+        .values(
+            available_at=until,
+            lease_owner=None,
+            lease_expires_at=None,
+            claims=func.max(runs.c.claims - 1, 0)
+            if conn.dialect.name == "sqlite"
+            else func.greatest(runs.c.claims - 1, 0),
+        )
+    )
+    if result.rowcount != 1:
+        raise LeaseLost(run_id)

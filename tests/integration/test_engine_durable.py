@@ -292,3 +292,29 @@ async def test_a_run_that_keeps_losing_its_worker_fails_worker_lost(
     assert run is not None
     assert run.status is RunStatus.FAILED
     assert run.error is not None and run.error["type"] == "worker_lost"
+
+
+async def test_flow_concurrency_caps_runs_in_flight(api: Api, receiver: Receiver) -> None:
+    receiver.delay = 0.3
+    in_flight = 0
+    peak = 0
+    original = receiver.handle
+
+    async def counting(request: Any) -> Any:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await original(request)
+        finally:
+            in_flight -= 1
+
+    receiver.handle = counting  # type: ignore[method-assign]
+    flow_id = await api.create_flow(
+        flow({"id": "call", "type": "http", "request": {"url": receiver.url}}, concurrency=2)
+    )
+    ids = [await api.execute(flow_id) for _ in range(6)]
+    for run_id in ids:
+        assert (await api.wait(run_id, timeout=15))["status"] == "completed"
+    assert len(receiver.requests) == 6
+    assert peak == 2

@@ -57,3 +57,13 @@ def test_syntax_errors_are_found_at_compile_time() -> None:
         compile_value("{{ 1 + }}")
     with pytest.raises(ExpressionError):
         compile_value({"deep": ["{% if %}"]})
+
+
+def test_a_runaway_loop_is_stopped() -> None:
+    import time
+
+    source = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    started = time.monotonic()
+    with pytest.raises(ExpressionError, match="longer than"):
+        compile_value(source)(CTX)
+    assert time.monotonic() - started < 5

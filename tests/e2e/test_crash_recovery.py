@@ -1,0 +1,96 @@
+"""`kill -9` of the serving process during a delay and during a step, then a restart: the run
+completes and no step that had finished runs again."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import serve
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def counts(folder: Path, run_id: str) -> dict[str, int]:
+    return {
+        p.name.removeprefix(f"{run_id}-"): len(p.read_text().splitlines())
+        for p in folder.glob(f"{run_id}-*")
+    }
+
+
+def wait_for(check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.mark.parametrize("crash_during", ["delay", "step"])
+def test_kill_9_then_restart_completes_the_run(
+    tmp_path: Path, database_url: str, crash_during: str
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {
+        "FLOWHOOK_PLUGINS": "tests.plugins",
+        "FLOWHOOK_LEASE_SECONDS": "1.5",
+        "FLOWHOOK_TEST_COUNT_DIR": str(marks),
+        "PYTHONPATH": str(ROOT),
+        "FLOWHOOK_LOG_LEVEL": "warning",
+    }
+    middle: dict[str, Any] = (
+        {"id": "pause", "type": "delay", "seconds": 2}
+        if crash_during == "delay"
+        else {"id": "pause", "type": "python", "function": "nap", "input": 2}
+    )
+    definition = {
+        "name": "crash",
+        "steps": [
+            {"id": "first", "type": "python", "function": "count"},
+            {"id": "pure", "type": "transform", "output": {"v": 1}},
+            middle,
+            {"id": "last", "type": "python", "function": "count"},
+        ],
+    }
+    with serve(tmp_path, database_url, **env) as server:
+        key = server.value("sandbox key")
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
+            flow_id = client.post("/api/v1/flows", json=definition).json()["flow_id"]
+            run_id = client.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()[
+                "run_id"
+            ]
+
+            def in_pause() -> bool:
+                run = client.get(f"/api/v1/flows/runs/{run_id}").json()
+                return counts(marks, run_id).get("first") == 1 and (
+                    crash_during == "step" or any(s["id"] == "pause" for s in run["steps"])
+                )
+
+            wait_for(in_pause)
+            time.sleep(0.3)  # well inside the 2 s pause
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait()
+
+    with (
+        serve(tmp_path, database_url, **env) as again,
+        httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
+    ):
+
+        def finished() -> dict[str, Any] | None:
+            run: dict[str, Any] = client.get(f"/api/v1/flows/runs/{run_id}").json()
+            return run if run["status"] in ("completed", "failed", "cancelled") else None
+
+        run = wait_for(finished, timeout=30)
+    assert run["status"] == "completed", run
+    assert [s["status"] for s in run["steps"]] == ["completed"] * 4
+    assert counts(marks, run_id) == {"first": 1, "last": 1}
