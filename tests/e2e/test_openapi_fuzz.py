@@ -28,6 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @schema.parametrize()
 @settings(
     max_examples=40,
+    derandomize=True,  # the same examples on every run: CI is not a lottery
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
@@ -35,6 +36,8 @@ def test_no_input_gives_a_server_error(case: schemathesis.Case, server: Server) 
     key = server.value("sandbox key")
     response = case.call(base_url=server.base, headers={"Authorization": f"Bearer {key}"})
     assert response.status_code < 500, (case.method, case.path, response.text)
+    if response.status_code == 400 and response.text == "Invalid HTTP request received.":
+        return  # refused by the HTTP parser (e.g. a control character in the path): never reached the app
     if response.status_code >= 400:
         body = response.json()
         assert isinstance(body.get("error"), str) and isinstance(body.get("code"), str), body
