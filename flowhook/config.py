@@ -5,7 +5,23 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "async_database_url"]
+__all__ = ["Settings", "async_database_url", "parse_duration"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"90"``, ``"90s"``, ``"15m"``, ``"24h"`` or ``"5d"``."""
+    text = text.strip().lower()
+    unit = _UNITS.get(text[-1:])
+    number = text[:-1] if unit is not None else text
+    try:
+        seconds = float(number) * (unit or 1)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (use seconds, or 15m, 24h, 5d)") from None
+    if seconds < 0:
+        raise ValueError("a duration must not be negative")
+    return seconds
 
 
 class Settings(BaseSettings):
@@ -31,6 +47,19 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     """Let http steps and webhooks reach loopback and private addresses (development, tests)."""
 
+    # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
+    webhook_retry_schedule: str = "30,120,600,3600"
+    webhook_max_attempts: int = Field(default=4, ge=1, le=50)
+    webhook_timeout: float = Field(default=10.0, gt=0, le=300)
+    webhook_disable_after: str = "5d"
+    """Disable an endpoint that had nothing but failures for this long (s, m, h or d)."""
+    webhook_secret_grace: str = "24h"  # noqa: S105 - a duration, not a secret
+    """How long a rotated-out secret still signs (``webhook-signature`` carries both)."""
+    webhook_endpoint_concurrency: int = Field(default=8, ge=1)
+    webhook_retry_throttled: bool = False
+    """Retry 408 and 429 answers, honouring Retry-After (off: the spec says 4xx is final)."""
+    dispatcher_concurrency: int = Field(default=64, ge=1)
+
     # Authentication cache: how long a looked-up key is trusted before it is checked again.
     key_cache_seconds: float = Field(default=30.0, ge=0)
 
@@ -43,6 +72,26 @@ class Settings(BaseSettings):
     def _known_database(cls, value: str) -> str:
         async_database_url(value)
         return value
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        from flowhook.webhooks.retry import parse_schedule
+
+        parse_schedule(value)
+        return value
+
+    @field_validator("webhook_disable_after", "webhook_secret_grace")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def retry_schedule(self) -> tuple[float, ...]:
+        from flowhook.webhooks.retry import parse_schedule
+
+        return parse_schedule(self.webhook_retry_schedule)
 
     @field_validator("sqlite_synchronous")
     @classmethod

@@ -11,7 +11,10 @@ from flowhook.clock import isoformat
 from flowhook.ids import new_id
 from flowhook.store.models import Event, Mode
 
-__all__ = ["EVENT_TYPES", "make_event"]
+__all__ = ["EVENT_TYPES", "TEST_EVENT", "make_event"]
+
+TEST_EVENT = "webhook.test"
+"""Sent by "send a test event" to one endpoint, whatever it chose."""
 
 EVENT_TYPES: dict[str, str] = {
     "flow.started": "A workflow execution begins.",
@@ -19,7 +22,7 @@ EVENT_TYPES: dict[str, str] = {
     "flow.failed": "A workflow errors or times out.",
     "flow.step_completed": "Each individual step finishes.",
     "flow.step_failed": "A specific step errors.",
-    "flow.cancelled": "A workflow run is cancelled.",
+    "flow.cancelled": "A workflow run is cancelled (ours, not in the spec).",
     "webhook.delivered": "The service receives an inbound webhook.",
     "webhook.received": "An inbound webhook is received and accepted.",
 }
@@ -30,8 +33,8 @@ def make_event(
     *,
     workspace_id: str,
     mode: Mode,
-    flow_id: str,
-    run_id: str,
+    flow_id: str | None,
+    run_id: str | None,
     payload: dict[str, Any],
     now: datetime,
 ) -> Event:

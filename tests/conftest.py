@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -115,6 +116,8 @@ def settings(database_url: str) -> Settings:
         sqlite_synchronous="NORMAL",
         allow_private_targets=True,
         plugins="tests.plugins",
+        webhook_retry_schedule="0.1,0.2,0.3",
+        webhook_timeout=1.0,
     )
 
 
@@ -214,12 +217,18 @@ class Receiver:
                 "path": request.path_qs,
                 "headers": dict(request.headers),
                 "body": body,
+                "at": time.monotonic(),
             }
         )
         if self.delay:
             await asyncio.sleep(self.delay)
         status, payload = self.script.pop(0) if self.script else self.default
+        if 300 <= status < 400:
+            return web.Response(status=status, headers={"Location": str(payload)})
         return web.json_response(payload, status=status)
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["headers"].get("X-Service-Event") == event]
 
 
 @pytest.fixture

@@ -11,15 +11,18 @@ from fastapi import FastAPI
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
-from flowhook.api.routes import flows, runs, system
+from flowhook.api.routes import flows, runs, system, webhooks
 from flowhook.clock import Clock, SystemClock
-from flowhook.config import Settings
+from flowhook.config import Settings, parse_duration
 from flowhook.engine.worker import Worker
 from flowhook.service import Services
 from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
-from flowhook.store.wakeup import PgListener, Wakeup
+from flowhook.store.runs import NOTIFY_CHANNEL
+from flowhook.store.wakeup import PgListener
+from flowhook.store.webhooks import DELIVERY_CHANNEL
+from flowhook.webhooks.dispatcher import Dispatcher
 
 __all__ = ["create_app"]
 
@@ -42,9 +45,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        wakeup = Wakeup()
+        wakeup = db.wakeups["runs"]
         listener: PgListener | None = None
         worker: Worker | None = None
+        dispatcher: Dispatcher | None = None
         try:
             if run_migrations:
                 await migrate(db)
@@ -56,7 +60,10 @@ def create_app(
                     on_bootstrap(seeded)
             if run_worker:
                 if not db.is_sqlite:
-                    listener = PgListener(settings.database_url.replace("+asyncpg", ""), wakeup)
+                    listener = PgListener(
+                        settings.database_url.replace("+asyncpg", ""),
+                        {NOTIFY_CHANNEL: wakeup, DELIVERY_CHANNEL: db.wakeups["deliveries"]},
+                    )
                     await listener.start()
                 worker = Worker(
                     db,
@@ -71,8 +78,27 @@ def create_app(
                 )
                 await worker.start()
                 app.state.worker = worker
+                dispatcher = Dispatcher(
+                    db,
+                    clock,
+                    db.wakeups["deliveries"],
+                    owner=worker.owner,
+                    concurrency=settings.dispatcher_concurrency,
+                    per_endpoint=settings.webhook_endpoint_concurrency,
+                    timeout=settings.webhook_timeout,
+                    schedule=settings.retry_schedule,
+                    max_attempts=settings.webhook_max_attempts,
+                    disable_after=parse_duration(settings.webhook_disable_after),
+                    allow_private_targets=settings.allow_private_targets,
+                    retry_throttled=settings.webhook_retry_throttled,
+                    poll_interval=settings.poll_interval,
+                )
+                await dispatcher.start()
+                app.state.dispatcher = dispatcher
             yield
         finally:
+            if dispatcher is not None:
+                await dispatcher.stop()
             if worker is not None:
                 await worker.stop()
             if listener is not None:
@@ -92,6 +118,7 @@ def create_app(
     app.include_router(system.router)
     app.include_router(runs.router, prefix="/api/v1")
     app.include_router(flows.router, prefix="/api/v1")
+    app.include_router(webhooks.router, prefix="/api/v1")
     install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body=settings.max_request_bytes)
     return app

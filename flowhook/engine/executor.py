@@ -220,9 +220,16 @@ class Executor:
                 if now < until:
                     return await self._release(run, pending, idx, min(until, deadline))
                 record = RunStep(
-                    idx, step.id, step.type, StepStatus.COMPLETED, prior.attempts,
-                    prior.started_at, now, _ms(prior.started_at or now, now), prior.output,
-                )  # fmt: skip
+                    idx,
+                    step.id,
+                    step.type,
+                    StepStatus.COMPLETED,
+                    prior.attempts,
+                    prior.started_at,
+                    now,
+                    _ms(prior.started_at or now, now),
+                    prior.output,
+                )
                 self._record(run, pending, ctx, record, will_retry=False)
                 idx += 1
                 continue
@@ -258,9 +265,16 @@ class Executor:
 
             if outcome.action == "wait" and outcome.wait_until is not None:
                 record = RunStep(
-                    idx, step.id, step.type, StepStatus.WAITING, attempt, started, None, None,
+                    idx,
+                    step.id,
+                    step.type,
+                    StepStatus.WAITING,
+                    attempt,
+                    started,
+                    None,
+                    None,
                     outcome.output,
-                )  # fmt: skip
+                )
                 pending.steps.append(record)
                 return await self._release(run, pending, idx, min(outcome.wait_until, deadline))
 
@@ -268,9 +282,17 @@ class Executor:
                 delay = backoff_seconds(step.retry, attempt)
                 if delay is not None:
                     record = RunStep(
-                        idx, step.id, step.type, StepStatus.RETRYING, attempt, started, finished,
-                        _ms(started, finished), outcome.output, outcome.error,
-                    )  # fmt: skip
+                        idx,
+                        step.id,
+                        step.type,
+                        StepStatus.RETRYING,
+                        attempt,
+                        started,
+                        finished,
+                        _ms(started, finished),
+                        outcome.output,
+                        outcome.error,
+                    )
                     pending.events.append(self._step_event(run, record, finished, will_retry=True))
                     pending.steps.append(record)
                     wake = min(finished + timedelta(seconds=delay), deadline)

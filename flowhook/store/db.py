@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from flowhook.config import async_database_url
 from flowhook.errors import StoreUnavailable
+from flowhook.store.wakeup import Wakeup
 
 __all__ = ["Database"]
 
@@ -32,6 +33,8 @@ class Database:
         self.url = url
         self.async_url = async_database_url(url)
         self.is_sqlite = self.async_url.startswith("sqlite")
+        self.wakeups: dict[str, Wakeup] = {"runs": Wakeup(), "deliveries": Wakeup()}
+        """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
         if self.is_sqlite:
             self.writer = create_async_engine(

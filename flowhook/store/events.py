@@ -8,15 +8,22 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.ids import new_id
+from flowhook.store import webhooks as webhooks_store
 from flowhook.store.models import Event, Mode
 from flowhook.store.tables import events
 
-__all__ = ["insert_events", "list_events_for_run"]
+__all__ = ["insert_events", "list_events_for_run", "list_events", "get_event"]
 
 
-async def insert_events(conn: AsyncConnection, batch: Sequence[Event]) -> None:
+async def insert_events(
+    conn: AsyncConnection, batch: Sequence[Event], *, to_endpoint: str | None = None
+) -> int:
+    """Write events and, in the same transaction, one delivery per enabled endpoint of the
+    event's workspace and mode that chose its type (the outbox's fan-out). All events of a
+    batch belong to one workspace and mode. Returns the number of deliveries queued."""
     if not batch:
-        return
+        return 0
     await conn.execute(
         events.insert(),
         [
@@ -33,6 +40,37 @@ async def insert_events(conn: AsyncConnection, batch: Sequence[Event]) -> None:
             for e in batch
         ],
     )
+    first = batch[0]
+    if to_endpoint is not None:  # a test event: to that endpoint alone
+        wanted = [(to_endpoint, e.type) for e in batch]
+    else:
+        wanted = await webhooks_store.subscribers(
+            conn, first.workspace_id, first.mode, [e.type for e in batch]
+        )
+    if not wanted:
+        return 0
+    by_type: dict[str, list[str]] = {}
+    for endpoint_id, event_type in wanted:
+        by_type.setdefault(event_type, []).append(endpoint_id)
+    rows = [
+        {
+            "id": new_id("dlv"),
+            "event_id": e.id,
+            "endpoint_id": endpoint_id,
+            "workspace_id": e.workspace_id,
+            "mode": str(e.mode),
+            "event_type": e.type,
+            "run_id": e.run_id,
+            "status": "pending",
+            "attempts": 0,
+            "next_attempt_at": e.created_at,
+            "created_at": e.created_at,
+        }
+        for e in batch
+        for endpoint_id in by_type.get(e.type, ())
+    ]
+    await webhooks_store.insert_deliveries(conn, rows)
+    return len(rows)
 
 
 def _event(row: Any) -> Event:
@@ -51,3 +89,38 @@ def _event(row: Any) -> Event:
 async def list_events_for_run(conn: AsyncConnection, run_id: str) -> list[Event]:
     q = select(events).where(events.c.run_id == run_id).order_by(events.c.id)
     return [_event(r) for r in (await conn.execute(q)).all()]
+
+
+async def list_events(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    *,
+    limit: int,
+    after: str | None = None,
+    event_type: str | None = None,
+    run_id: str | None = None,
+) -> list[Event]:
+    q = (
+        select(events)
+        .where(events.c.workspace_id == workspace_id, events.c.mode == str(mode))
+        .order_by(events.c.id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(events.c.id < after)
+    if event_type is not None:
+        q = q.where(events.c.type == event_type)
+    if run_id is not None:
+        q = q.where(events.c.run_id == run_id)
+    return [_event(r) for r in (await conn.execute(q)).all()]
+
+
+async def get_event(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, event_id: str
+) -> Event | None:
+    q = select(events).where(
+        events.c.id == event_id, events.c.workspace_id == workspace_id, events.c.mode == str(mode)
+    )
+    row = (await conn.execute(q)).first()
+    return _event(row) if row else None

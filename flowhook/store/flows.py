@@ -78,9 +78,16 @@ async def add_version(
         )
     )
     return Flow(
-        flow.flow_id, flow.workspace_id, flow.mode, name, version, definition,
-        flow.created_at, now, None,
-    )  # fmt: skip
+        flow.flow_id,
+        flow.workspace_id,
+        flow.mode,
+        name,
+        version,
+        definition,
+        flow.created_at,
+        now,
+        None,
+    )
 
 
 _FLOW_COLUMNS = (

@@ -29,6 +29,10 @@ __all__ = [
     "Run",
     "RunStep",
     "Event",
+    "DeliveryStatus",
+    "Endpoint",
+    "Attempt",
+    "Delivery",
 ]
 
 
@@ -151,3 +155,61 @@ class Event:
     run_id: str | None
     created_at: datetime
     body: bytes
+
+
+class DeliveryStatus(enum.StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Endpoint:
+    id: str
+    workspace_id: str
+    mode: Mode
+    url: str
+    description: str
+    enabled: bool
+    events: list[str]
+    secret: str
+    created_at: datetime
+    updated_at: datetime
+    previous_secret: str | None = None
+    previous_secret_expires_at: datetime | None = None
+    disabled_reason: str | None = None
+    failing_since: datetime | None = None
+
+
+@dataclass(slots=True)
+class Attempt:
+    number: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+    address: str | None = None
+    status_code: int | None = None
+    response_excerpt: str | None = None
+    error_class: str | None = None
+    error_detail: str | None = None
+    next_attempt_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class Delivery:
+    id: str
+    event_id: str
+    endpoint_id: str
+    workspace_id: str
+    mode: Mode
+    event_type: str
+    run_id: str | None
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime
+    created_at: datetime
+    last_status_code: int | None = None
+    last_error: str | None = None
+    replay_of: str | None = None
+    finished_at: datetime | None = None
+    attempt_log: list[Attempt] = field(default_factory=list)

@@ -111,6 +111,7 @@ async def insert_run(
             request_hash=request_hash,
         )
     )
+    conn.info.setdefault("wake", set()).add("runs")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     ForeignKey,
     Index,
@@ -12,6 +13,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
     text,
 )
@@ -27,6 +29,10 @@ __all__ = [
     "runs",
     "run_steps",
     "events",
+    "webhook_endpoints",
+    "endpoint_events",
+    "deliveries",
+    "delivery_attempts",
 ]
 
 metadata = MetaData(
@@ -150,4 +156,86 @@ events = Table(
     Column("body", LargeBinary, nullable=False),
     Index(None, "run_id", "id"),
     Index(None, "workspace_id", "mode", "id"),
+)
+
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("description", Text, nullable=False, server_default=""),
+    Column("enabled", Boolean, nullable=False),
+    Column("disabled_reason", Text),
+    # The signing secret as shown to the user (whsec_…); it must be readable to sign with.
+    Column("secret", String(100), nullable=False),
+    Column("previous_secret", String(100)),
+    Column("previous_secret_expires_at", UTCDateTime()),
+    Column("failing_since", UTCDateTime()),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(None, "workspace_id", "mode", "id"),
+)
+
+endpoint_events = Table(
+    "endpoint_events",
+    metadata,
+    Column(
+        "endpoint_id",
+        String(40),
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("event", String(40), primary_key=True),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("event_id", String(40), nullable=False),
+    Column("endpoint_id", String(40), nullable=False),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("event_type", String(40), nullable=False),
+    Column("run_id", String(40)),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # Due time while pending; moved to the lease's end while an attempt is under way.
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("lease_owner", String(64)),
+    Column("lease_expires_at", UTCDateTime()),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    Column("replay_of", String(40)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    Index(
+        "ix_deliveries_due",
+        "next_attempt_at",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+    Index(None, "workspace_id", "mode", "id"),
+    Index(None, "endpoint_id", "status", "created_at"),
+    Index(None, "event_id"),
+)
+
+delivery_attempts = Table(
+    "delivery_attempts",
+    metadata,
+    Column(
+        "delivery_id", String(40), ForeignKey("deliveries.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("number", Integer, primary_key=True),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    Column("duration_ms", BigInteger),
+    Column("address", String(100)),
+    Column("status_code", Integer),
+    Column("response_excerpt", Text),
+    Column("error_class", String(32)),
+    Column("error_detail", Text),
+    Column("next_attempt_at", UTCDateTime()),
 )

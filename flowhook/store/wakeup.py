@@ -10,8 +10,6 @@ from typing import Any
 
 import asyncpg
 
-from flowhook.store.runs import NOTIFY_CHANNEL
-
 __all__ = ["Wakeup", "PgListener"]
 
 log = logging.getLogger("flowhook.store")
@@ -36,23 +34,24 @@ class Wakeup:
 
 
 class PgListener:
-    """LISTEN on the run channel and poke a :class:`Wakeup` on every notification."""
+    """LISTEN on channels and poke each channel's :class:`Wakeup` on every notification."""
 
-    def __init__(self, dsn: str, wakeup: Wakeup) -> None:
+    def __init__(self, dsn: str, channels: dict[str, Wakeup]) -> None:
         self._dsn = dsn
-        self._wakeup = wakeup
+        self._channels = channels
         self._conn: Any = None
 
     async def start(self) -> None:
         try:
             self._conn = await asyncpg.connect(self._dsn)
-            await self._conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
+            for channel in self._channels:
+                await self._conn.add_listener(channel, self._on_notify)
         except (OSError, asyncpg.PostgresError) as exc:
             log.warning("LISTEN unavailable, falling back to polling: %s", exc)
             self._conn = None
 
-    def _on_notify(self, *_args: Any) -> None:
-        self._wakeup.notify()
+    def _on_notify(self, _conn: Any, _pid: int, channel: str, _payload: str) -> None:
+        self._channels[channel].notify()
 
     async def stop(self) -> None:
         if self._conn is not None:

@@ -55,7 +55,7 @@ def test_layer_imports_point_down(layer: str) -> None:
     offenders = []
     for path in (ROOT / layer).rglob("*.py"):
         for name in imports_of(path):
-            if name.startswith(FORBIDDEN[layer]):
+            if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[layer]):
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from flowhook.api.deps import ServicesDep
 from flowhook.api.responses import ORJSONResponse, error_response
 from flowhook.definition import FLOW_SCHEMA
 from flowhook.errors import StoreUnavailable
+from flowhook.service.metrics import refresh_gauges
 
 router = APIRouter(tags=["system"])
 
@@ -30,3 +32,9 @@ async def readyz(services: ServicesDep) -> Response:
 @router.get("/api/v1/schemas/flow.json", summary="JSON Schema of a flow definition")
 async def flow_schema() -> Response:
     return ORJSONResponse(FLOW_SCHEMA, media_type="application/schema+json")
+
+
+@router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+async def metrics(services: ServicesDep) -> Response:
+    await refresh_gauges(services)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

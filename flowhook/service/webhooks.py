@@ -1,0 +1,354 @@
+"""Webhook endpoints, deliveries and events: the use cases behind Settings → Webhooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from flowhook.clock import Clock
+from flowhook.config import Settings, parse_duration
+from flowhook.errors import InvalidInput, NotFound
+from flowhook.events import EVENT_TYPES, TEST_EVENT, make_event
+from flowhook.ids import is_id, new_id
+from flowhook.service.auth import Principal
+from flowhook.service.pagination import Page, check_cursor
+from flowhook.signing import new_secret
+from flowhook.store import events as events_store
+from flowhook.store import webhooks as store
+from flowhook.store.db import Database
+from flowhook.store.models import Delivery, DeliveryStatus, Endpoint, Event, Mode
+from flowhook.targets import TargetRefused, check_url
+
+__all__ = ["WebhookService", "SUBSCRIBABLE", "Recovery"]
+
+SUBSCRIBABLE = tuple(EVENT_TYPES)
+MAX_URL = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    replayed: list[Delivery]
+    skipped: int
+
+
+def _limit(limit: int) -> None:
+    if not 1 <= limit <= 100:
+        raise InvalidInput("limit must be between 1 and 100", field="limit")
+
+
+class WebhookService:
+    def __init__(self, db: Database, clock: Clock, settings: Settings) -> None:
+        self._db = db
+        self._clock = clock
+        self._settings = settings
+
+    # Endpoints
+
+    def _check_url(self, url: str, mode: Mode) -> str:
+        if len(url) > MAX_URL:
+            raise InvalidInput(f"url must be at most {MAX_URL} characters", field="url")
+        try:
+            return check_url(
+                url,
+                allow_private=self._settings.allow_private_targets,
+                require_https=mode is Mode.LIVE and not self._settings.allow_private_targets,
+            )
+        except TargetRefused as exc:
+            raise InvalidInput(f"url refused: {exc.message}", field="url") from None
+
+    @staticmethod
+    def _check_events(events: list[str]) -> list[str]:
+        if not events:
+            raise InvalidInput("events must name at least one event", field="events")
+        unknown = sorted(set(events) - set(SUBSCRIBABLE))
+        if unknown:
+            raise InvalidInput(
+                f"unknown event {unknown[0]!r}; valid events: {', '.join(SUBSCRIBABLE)}",
+                field="events",
+            )
+        return sorted(set(events))
+
+    async def create_endpoint(
+        self,
+        who: Principal,
+        *,
+        url: str,
+        events: list[str],
+        description: str = "",
+        enabled: bool = True,
+    ) -> Endpoint:
+        now = self._clock.now()
+        endpoint = Endpoint(
+            id=new_id("ep"),
+            workspace_id=who.workspace_id,
+            mode=who.mode,
+            url=self._check_url(url, who.mode),
+            description=description,
+            enabled=enabled,
+            events=self._check_events(events),
+            secret=new_secret(),
+            created_at=now,
+            updated_at=now,
+        )
+        async with self._db.transaction() as conn:
+            await store.insert_endpoint(conn, endpoint)
+        return endpoint
+
+    async def get_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
+        if not is_id(endpoint_id, "ep"):
+            raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
+        async with self._db.read() as conn:
+            endpoint = await store.get_endpoint(conn, endpoint_id, who.workspace_id, who.mode)
+        if endpoint is None:
+            raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
+        return self._current(endpoint)
+
+    def _current(self, endpoint: Endpoint) -> Endpoint:
+        """Drop a rotated-out secret whose grace period is over."""
+        expires = endpoint.previous_secret_expires_at
+        if endpoint.previous_secret and expires is not None and expires <= self._clock.now():
+            endpoint.previous_secret = None
+            endpoint.previous_secret_expires_at = None
+        return endpoint
+
+    async def list_endpoints(
+        self, who: Principal, *, limit: int, cursor: str | None
+    ) -> Page[Endpoint]:
+        _limit(limit)
+        after = check_cursor(cursor, "ep")
+        async with self._db.read() as conn:
+            rows = await store.list_endpoints(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
+            )
+        more = len(rows) > limit
+        rows = [self._current(r) for r in rows[:limit]]
+        return Page(rows, rows[-1].id if more else None)
+
+    async def update_endpoint(
+        self, who: Principal, endpoint_id: str, changes: dict[str, Any]
+    ) -> Endpoint:
+        endpoint = await self.get_endpoint(who, endpoint_id)
+        events_changed = False
+        if changes.get("url") is not None:
+            endpoint.url = self._check_url(changes["url"], who.mode)
+        if changes.get("events") is not None:
+            endpoint.events = self._check_events(changes["events"])
+            events_changed = True
+        if changes.get("description") is not None:
+            endpoint.description = changes["description"]
+        if changes.get("enabled") is not None:
+            if changes["enabled"] and not endpoint.enabled:
+                endpoint.disabled_reason = None
+                endpoint.failing_since = None
+            endpoint.enabled = bool(changes["enabled"])
+        endpoint.updated_at = self._clock.now()
+        async with self._db.transaction() as conn:
+            await store.update_endpoint(conn, endpoint, events_changed=events_changed)
+        return endpoint
+
+    async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
+        async with self._db.transaction() as conn:
+            if not await store.delete_endpoint(conn, who.workspace_id, who.mode, endpoint_id):
+                raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
+
+    async def rotate_secret(
+        self, who: Principal, endpoint_id: str, grace_seconds: float | None = None
+    ) -> Endpoint:
+        """A new secret; the old one keeps signing ``webhook-signature`` (and
+        ``X-Service-Signature``) until the grace period ends. Grace 0 switches at once."""
+        endpoint = await self.get_endpoint(who, endpoint_id)
+        grace = (
+            parse_duration(self._settings.webhook_secret_grace)
+            if grace_seconds is None
+            else grace_seconds
+        )
+        if grace < 0 or grace > 30 * 86400:
+            raise InvalidInput("grace_seconds must be between 0 and 2592000", field="grace_seconds")
+        now = self._clock.now()
+        if grace > 0:
+            endpoint.previous_secret = endpoint.secret
+            endpoint.previous_secret_expires_at = now + timedelta(seconds=grace)
+        else:
+            endpoint.previous_secret = None
+            endpoint.previous_secret_expires_at = None
+        endpoint.secret = new_secret()
+        endpoint.updated_at = now
+        async with self._db.transaction() as conn:
+            await store.update_endpoint(conn, endpoint, events_changed=False)
+        return endpoint
+
+    async def promote_secret(self, who: Principal, endpoint_id: str) -> Endpoint:
+        """End a rotation's grace period now: only the new secret signs from here on."""
+        endpoint = await self.get_endpoint(who, endpoint_id)
+        endpoint.previous_secret = None
+        endpoint.previous_secret_expires_at = None
+        endpoint.updated_at = self._clock.now()
+        async with self._db.transaction() as conn:
+            await store.update_endpoint(conn, endpoint, events_changed=False)
+        return endpoint
+
+    async def send_test(self, who: Principal, endpoint_id: str) -> Event:
+        endpoint = await self.get_endpoint(who, endpoint_id)
+        now = self._clock.now()
+        event = make_event(
+            TEST_EVENT,
+            workspace_id=who.workspace_id,
+            mode=who.mode,
+            flow_id=None,
+            run_id=None,
+            payload={"message": "a test event from Flowhook", "endpoint_id": endpoint.id},
+            now=now,
+        )
+        async with self._db.transaction() as conn:
+            await events_store.insert_events(conn, [event], to_endpoint=endpoint.id)
+        return event
+
+    async def failed_count(self, who: Principal, endpoint: Endpoint) -> int:
+        async with self._db.read() as conn:
+            found = await store.failed_deliveries_between(
+                conn, endpoint.id, endpoint.created_at, self._clock.now()
+            )
+        return len(found)
+
+    # Deliveries
+
+    async def list_deliveries(
+        self,
+        who: Principal,
+        *,
+        limit: int,
+        cursor: str | None,
+        status: str | None = None,
+        endpoint_id: str | None = None,
+        event: str | None = None,
+        run_id: str | None = None,
+    ) -> Page[Delivery]:
+        _limit(limit)
+        after = check_cursor(cursor, "dlv")
+        wanted: DeliveryStatus | None = None
+        if status:
+            try:
+                wanted = DeliveryStatus(status)
+            except ValueError:
+                raise InvalidInput(
+                    "status must be one of pending, succeeded, failed", field="status"
+                ) from None
+        async with self._db.read() as conn:
+            rows = await store.list_deliveries(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after, status=wanted,
+                endpoint_id=endpoint_id or None, event_type=event or None, run_id=run_id or None,
+            )  # fmt: skip
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].id if more else None)
+
+    async def get_delivery(self, who: Principal, delivery_id: str) -> tuple[Delivery, Event | None]:
+        if not is_id(delivery_id, "dlv"):
+            raise NotFound(f"no delivery {delivery_id!r} in this workspace and mode")
+        async with self._db.read() as conn:
+            delivery = await store.get_delivery(conn, who.workspace_id, who.mode, delivery_id)
+            event = (
+                await events_store.get_event(conn, who.workspace_id, who.mode, delivery.event_id)
+                if delivery
+                else None
+            )
+        if delivery is None:
+            raise NotFound(f"no delivery {delivery_id!r} in this workspace and mode")
+        return delivery, event
+
+    async def replay(self, who: Principal, delivery_id: str) -> Delivery:
+        """A new delivery of the same event bytes and event id to the same endpoint; the
+        original keeps its own history and schedule."""
+        original, _ = await self.get_delivery(who, delivery_id)
+        async with self._db.transaction() as conn:
+            return await self._replay(conn, original)
+
+    async def _replay(self, conn: Any, original: Delivery) -> Delivery:
+        now = self._clock.now()
+        copy = Delivery(
+            id=new_id("dlv"),
+            event_id=original.event_id,
+            endpoint_id=original.endpoint_id,
+            workspace_id=original.workspace_id,
+            mode=original.mode,
+            event_type=original.event_type,
+            run_id=original.run_id,
+            status=DeliveryStatus.PENDING,
+            attempts=0,
+            next_attempt_at=now,
+            created_at=now,
+            replay_of=original.id,
+        )
+        await store.insert_deliveries(
+            conn,
+            [
+                {
+                    "id": copy.id, "event_id": copy.event_id, "endpoint_id": copy.endpoint_id,
+                    "workspace_id": copy.workspace_id, "mode": str(copy.mode),
+                    "event_type": copy.event_type, "run_id": copy.run_id, "status": "pending",
+                    "attempts": 0, "next_attempt_at": now, "created_at": now,
+                    "replay_of": original.id,
+                }
+            ],
+        )  # fmt: skip
+        return copy
+
+    async def recover(
+        self, who: Principal, endpoint_id: str, since: datetime, until: datetime | None = None
+    ) -> Recovery:
+        """Replay the endpoint's failed deliveries created in [since, until], skipping events
+        that a later delivery to it already delivered or is delivering."""
+        endpoint = await self.get_endpoint(who, endpoint_id)
+        until = until or self._clock.now()
+        if since > until:
+            raise InvalidInput("since must be before until", field="since")
+        async with self._db.transaction() as conn:
+            failed = await store.failed_deliveries_between(conn, endpoint.id, since, until)
+            handled = {
+                d.event_id
+                for d in await store.list_deliveries(
+                    conn, who.workspace_id, who.mode, limit=100_000, endpoint_id=endpoint.id
+                )
+                if d.status is not DeliveryStatus.FAILED
+            }
+            replayed: list[Delivery] = []
+            skipped = 0
+            for delivery in failed:
+                if delivery.event_id in handled:
+                    skipped += 1
+                    continue
+                handled.add(delivery.event_id)
+                replayed.append(await self._replay(conn, delivery))
+        return Recovery(replayed, skipped)
+
+    # Events
+
+    async def list_events(
+        self,
+        who: Principal,
+        *,
+        limit: int,
+        cursor: str | None,
+        event: str | None = None,
+        run_id: str | None = None,
+    ) -> Page[Event]:
+        _limit(limit)
+        after = check_cursor(cursor, "evt")
+        async with self._db.read() as conn:
+            rows = await events_store.list_events(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after,
+                event_type=event or None, run_id=run_id or None,
+            )  # fmt: skip
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].id if more else None)
+
+    async def get_event(self, who: Principal, event_id: str) -> Event:
+        if not is_id(event_id, "evt"):
+            raise NotFound(f"no event {event_id!r} in this workspace and mode")
+        async with self._db.read() as conn:
+            event = await events_store.get_event(conn, who.workspace_id, who.mode, event_id)
+        if event is None:
+            raise NotFound(f"no event {event_id!r} in this workspace and mode")
+        return event

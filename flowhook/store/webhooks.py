@@ -1,0 +1,537 @@
+"""Webhook endpoints, deliveries (one event to one endpoint) and their attempt log.
+
+Deliveries are their own queue, like runs: a pending delivery is due at ``next_attempt_at``;
+a claim moves ``next_attempt_at`` to the end of the lease so a delivery whose process died is
+tried again once the lease runs out, with the same event id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
+from flowhook.store.tables import (
+    deliveries,
+    delivery_attempts,
+    endpoint_events,
+    events,
+    webhook_endpoints,
+)
+
+__all__ = [
+    "DELIVERY_CHANNEL",
+    "DueDelivery",
+    "insert_endpoint",
+    "get_endpoint",
+    "list_endpoints",
+    "update_endpoint",
+    "delete_endpoint",
+    "subscribers",
+    "insert_deliveries",
+    "claim_deliveries",
+    "start_attempt",
+    "finish_attempt",
+    "get_delivery",
+    "list_deliveries",
+    "failed_deliveries_between",
+    "mark_endpoint_health",
+    "fail_delivery",
+    "oldest_pending",
+    "next_due_delivery",
+]
+
+DELIVERY_CHANNEL = "flowhook_deliveries"
+
+_EP = webhook_endpoints.c
+_D = deliveries.c
+
+
+def _endpoint(row: Any, events_of: list[str]) -> Endpoint:
+    return Endpoint(
+        id=row.id,
+        workspace_id=row.workspace_id,
+        mode=Mode(row.mode),
+        url=row.url,
+        description=row.description,
+        enabled=bool(row.enabled),
+        events=sorted(events_of),
+        secret=row.secret,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        previous_secret=row.previous_secret,
+        previous_secret_expires_at=row.previous_secret_expires_at,
+        disabled_reason=row.disabled_reason,
+        failing_since=row.failing_since,
+    )
+
+
+async def _events_of(conn: AsyncConnection, endpoint_ids: Sequence[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {i: [] for i in endpoint_ids}
+    if endpoint_ids:
+        q = select(endpoint_events).where(endpoint_events.c.endpoint_id.in_(list(endpoint_ids)))
+        for r in (await conn.execute(q)).all():
+            found[r.endpoint_id].append(r.event)
+    return found
+
+
+def _endpoint_values(ep: Endpoint) -> dict[str, Any]:
+    return {
+        "url": ep.url,
+        "description": ep.description,
+        "enabled": ep.enabled,
+        "disabled_reason": ep.disabled_reason,
+        "secret": ep.secret,
+        "previous_secret": ep.previous_secret,
+        "previous_secret_expires_at": ep.previous_secret_expires_at,
+        "failing_since": ep.failing_since,
+        "updated_at": ep.updated_at,
+    }
+
+
+async def insert_endpoint(conn: AsyncConnection, ep: Endpoint) -> None:
+    await conn.execute(
+        webhook_endpoints.insert().values(
+            id=ep.id,
+            workspace_id=ep.workspace_id,
+            mode=str(ep.mode),
+            created_at=ep.created_at,
+            **_endpoint_values(ep),
+        )
+    )
+    await conn.execute(
+        endpoint_events.insert(), [{"endpoint_id": ep.id, "event": e} for e in ep.events]
+    )
+
+
+async def get_endpoint(
+    conn: AsyncConnection,
+    endpoint_id: str,
+    workspace_id: str | None = None,
+    mode: Mode | None = None,
+) -> Endpoint | None:
+    """The endpoint; scoped to a workspace and mode when they are given."""
+    q = select(webhook_endpoints).where(_EP.id == endpoint_id)
+    if workspace_id is not None:
+        q = q.where(_EP.workspace_id == workspace_id, _EP.mode == str(mode))
+    row = (await conn.execute(q)).first()
+    if row is None:
+        return None
+    return _endpoint(row, (await _events_of(conn, [row.id]))[row.id])
+
+
+async def list_endpoints(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, *, limit: int, after: str | None = None
+) -> list[Endpoint]:
+    q = (
+        select(webhook_endpoints)
+        .where(_EP.workspace_id == workspace_id, _EP.mode == str(mode))
+        .order_by(_EP.id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(_EP.id < after)
+    rows = (await conn.execute(q)).all()
+    chosen = await _events_of(conn, [r.id for r in rows])
+    return [_endpoint(r, chosen[r.id]) for r in rows]
+
+
+async def update_endpoint(conn: AsyncConnection, ep: Endpoint, *, events_changed: bool) -> None:
+    await conn.execute(
+        update(webhook_endpoints).where(_EP.id == ep.id).values(**_endpoint_values(ep))
+    )
+    if events_changed:
+        await conn.execute(delete(endpoint_events).where(endpoint_events.c.endpoint_id == ep.id))
+        await conn.execute(
+            endpoint_events.insert(), [{"endpoint_id": ep.id, "event": e} for e in ep.events]
+        )
+
+
+async def delete_endpoint(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, endpoint_id: str
+) -> bool:
+    owned = and_(_EP.id == endpoint_id, _EP.workspace_id == workspace_id, _EP.mode == str(mode))
+    if (await conn.execute(select(_EP.id).where(owned))).first() is None:
+        return False
+    await conn.execute(delete(endpoint_events).where(endpoint_events.c.endpoint_id == endpoint_id))
+    await conn.execute(delete(webhook_endpoints).where(owned))
+    return True
+
+
+async def subscribers(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, event_types: Sequence[str]
+) -> list[tuple[str, str]]:
+    """(endpoint id, event type) for every enabled endpoint that chose one of the types."""
+    q = (
+        select(endpoint_events.c.endpoint_id, endpoint_events.c.event)
+        .join(webhook_endpoints, _EP.id == endpoint_events.c.endpoint_id)
+        .where(
+            _EP.workspace_id == workspace_id,
+            _EP.mode == str(mode),
+            _EP.enabled.is_(True),
+            endpoint_events.c.event.in_(list(set(event_types))),
+        )
+    )
+    return [(r.endpoint_id, r.event) for r in (await conn.execute(q)).all()]
+
+
+async def insert_deliveries(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """Queue deliveries; PostgreSQL listeners hear of them at commit."""
+    if not rows:
+        return
+    await conn.execute(deliveries.insert(), list(rows))
+    conn.info.setdefault("wake", set()).add("deliveries")
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {DELIVERY_CHANNEL}"))
+
+
+@dataclass(frozen=True, slots=True)
+class DueDelivery:
+    """A claimed delivery with what its attempt needs."""
+
+    id: str
+    event_id: str
+    event_type: str
+    endpoint_id: str
+    attempts: int
+    body: bytes
+    url: str | None
+    """``None`` when the endpoint was deleted."""
+    enabled: bool
+    secret: str
+    previous_secret: str | None
+    previous_secret_expires_at: datetime | None
+    failing_since: datetime | None
+
+
+async def claim_deliveries(
+    conn: AsyncConnection,
+    *,
+    owner: str,
+    now: datetime,
+    lease_until: datetime,
+    limit: int,
+    per_endpoint: int,
+    busy_endpoints: Sequence[str] = (),
+) -> list[DueDelivery]:
+    """Claim due deliveries, at most ``per_endpoint`` of any one endpoint, oldest first, and
+    none of the endpoints this process already has at its cap: one dead endpoint cannot fill
+    the batch. The guarded UPDATE makes a row claimed by two processes go to one."""
+    ranked = select(
+        _D.id,
+        _D.next_attempt_at,
+        func.row_number()
+        .over(partition_by=_D.endpoint_id, order_by=_D.next_attempt_at)
+        .label("rank"),
+    ).where(_D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now)
+    if busy_endpoints:
+        ranked = ranked.where(_D.endpoint_id.not_in(list(busy_endpoints)))
+    ranked_sq = ranked.subquery()
+    due = (
+        select(ranked_sq.c.id)
+        .where(ranked_sq.c.rank <= per_endpoint)
+        .order_by(ranked_sq.c.next_attempt_at)
+        .limit(limit)
+    )
+    ids = list((await conn.execute(due)).scalars())
+    if not ids:
+        return []
+    claimed = (
+        await conn.execute(
+            update(deliveries)
+            .where(
+                _D.id.in_(ids), _D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now
+            )
+            .values(lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until)
+            .returning(_D.id)
+        )
+    ).scalars()
+    claimed_ids = list(claimed)
+    if not claimed_ids:
+        return []
+    q = (
+        select(
+            _D.id,
+            _D.event_id,
+            _D.event_type,
+            _D.endpoint_id,
+            _D.attempts,
+            events.c.body,
+            _EP.url,
+            _EP.enabled,
+            _EP.secret,
+            _EP.previous_secret,
+            _EP.previous_secret_expires_at,
+            _EP.failing_since,
+        )
+        .join(events, events.c.id == _D.event_id)
+        .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
+        .where(_D.id.in_(claimed_ids))
+        .order_by(_D.created_at)
+    )
+    return [
+        DueDelivery(
+            r.id,
+            r.event_id,
+            r.event_type,
+            r.endpoint_id,
+            r.attempts,
+            bytes(r.body),
+            r.url,
+            bool(r.enabled),
+            r.secret or "",
+            r.previous_secret,
+            r.previous_secret_expires_at,
+            r.failing_since,
+        )
+        for r in (await conn.execute(q)).all()
+    ]
+
+
+async def start_attempt(
+    conn: AsyncConnection, delivery_id: str, *, owner: str, number: int, now: datetime
+) -> bool:
+    """Log an attempt before it is sent; ``False`` if the lease moved on."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(
+            _D.id == delivery_id, _D.lease_owner == owner, _D.status == str(DeliveryStatus.PENDING)
+        )
+        .values(attempts=number)
+    )
+    if result.rowcount != 1:
+        return False
+    await conn.execute(
+        delivery_attempts.insert().values(delivery_id=delivery_id, number=number, started_at=now)
+    )
+    return True
+
+
+async def finish_attempt(
+    conn: AsyncConnection,
+    delivery_id: str,
+    *,
+    owner: str,
+    attempt: Attempt,
+    status: DeliveryStatus,
+    next_attempt_at: datetime | None,
+    last_error: str | None,
+) -> bool:
+    """Complete the attempt's log line and move the delivery on (pending again, succeeded or
+    failed); ``False`` if the lease moved on."""
+    values: dict[str, Any] = {
+        "status": str(status),
+        "last_status_code": attempt.status_code,
+        "last_error": last_error,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+    if next_attempt_at is not None:
+        values["next_attempt_at"] = next_attempt_at
+    if status is not DeliveryStatus.PENDING:
+        values["finished_at"] = attempt.finished_at
+    result = await conn.execute(
+        update(deliveries).where(_D.id == delivery_id, _D.lease_owner == owner).values(**values)
+    )
+    if result.rowcount != 1:
+        return False
+    await conn.execute(
+        update(delivery_attempts)
+        .where(
+            delivery_attempts.c.delivery_id == delivery_id,
+            delivery_attempts.c.number == attempt.number,
+        )
+        .values(
+            finished_at=attempt.finished_at,
+            duration_ms=attempt.duration_ms,
+            address=attempt.address,
+            status_code=attempt.status_code,
+            response_excerpt=attempt.response_excerpt,
+            error_class=attempt.error_class,
+            error_detail=attempt.error_detail,
+            next_attempt_at=attempt.next_attempt_at,
+        )
+    )
+    return True
+
+
+def _delivery(row: Any) -> Delivery:
+    return Delivery(
+        id=row.id,
+        event_id=row.event_id,
+        endpoint_id=row.endpoint_id,
+        workspace_id=row.workspace_id,
+        mode=Mode(row.mode),
+        event_type=row.event_type,
+        run_id=row.run_id,
+        status=DeliveryStatus(row.status),
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        created_at=row.created_at,
+        last_status_code=row.last_status_code,
+        last_error=row.last_error,
+        replay_of=row.replay_of,
+        finished_at=row.finished_at,
+    )
+
+
+async def get_delivery(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, delivery_id: str
+) -> Delivery | None:
+    q = select(deliveries).where(
+        _D.id == delivery_id, _D.workspace_id == workspace_id, _D.mode == str(mode)
+    )
+    row = (await conn.execute(q)).first()
+    if row is None:
+        return None
+    found = _delivery(row)
+    attempts_q = (
+        select(delivery_attempts)
+        .where(delivery_attempts.c.delivery_id == delivery_id)
+        .order_by(delivery_attempts.c.number)
+    )
+    found.attempt_log = [
+        Attempt(
+            a.number,
+            a.started_at,
+            a.finished_at,
+            a.duration_ms,
+            a.address,
+            a.status_code,
+            a.response_excerpt,
+            a.error_class,
+            a.error_detail,
+            a.next_attempt_at,
+        )
+        for a in (await conn.execute(attempts_q)).all()
+    ]
+    return found
+
+
+async def list_deliveries(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    *,
+    limit: int,
+    after: str | None = None,
+    status: DeliveryStatus | None = None,
+    endpoint_id: str | None = None,
+    event_type: str | None = None,
+    run_id: str | None = None,
+) -> list[Delivery]:
+    q = (
+        select(deliveries)
+        .where(_D.workspace_id == workspace_id, _D.mode == str(mode))
+        .order_by(_D.id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(_D.id < after)
+    if status is not None:
+        q = q.where(_D.status == str(status))
+    if endpoint_id is not None:
+        q = q.where(_D.endpoint_id == endpoint_id)
+    if event_type is not None:
+        q = q.where(_D.event_type == event_type)
+    if run_id is not None:
+        q = q.where(_D.run_id == run_id)
+    return [_delivery(r) for r in (await conn.execute(q)).all()]
+
+
+async def failed_deliveries_between(
+    conn: AsyncConnection, endpoint_id: str, since: datetime, until: datetime
+) -> list[Delivery]:
+    q = (
+        select(deliveries)
+        .where(
+            _D.endpoint_id == endpoint_id,
+            _D.status == str(DeliveryStatus.FAILED),
+            _D.created_at >= since,
+            _D.created_at <= until,
+        )
+        .order_by(_D.id)
+    )
+    return [_delivery(r) for r in (await conn.execute(q)).all()]
+
+
+async def mark_endpoint_health(
+    conn: AsyncConnection,
+    endpoint_id: str,
+    *,
+    succeeded: bool,
+    now: datetime,
+    disable_before: datetime,
+) -> bool:
+    """Record an outcome for the endpoint's health; ``True`` when this failure disabled it
+    (nothing but failures since ``disable_before``)."""
+    if succeeded:
+        await conn.execute(
+            update(webhook_endpoints)
+            .where(_EP.id == endpoint_id, _EP.failing_since.is_not(None))
+            .values(failing_since=None)
+        )
+        return False
+    await conn.execute(
+        update(webhook_endpoints)
+        .where(_EP.id == endpoint_id, _EP.failing_since.is_(None))
+        .values(failing_since=now)
+    )
+    result = await conn.execute(
+        update(webhook_endpoints)
+        .where(_EP.id == endpoint_id, _EP.enabled.is_(True), _EP.failing_since <= disable_before)
+        .values(
+            enabled=False,
+            disabled_reason="disabled after failing without a success since "
+            + "the failure window began; re-enable it and recover what failed",
+            updated_at=now,
+        )
+    )
+    return result.rowcount == 1
+
+
+async def fail_delivery(
+    conn: AsyncConnection, delivery_id: str, *, owner: str, error: str, now: datetime
+) -> None:
+    """End a claimed delivery without an attempt (its endpoint is gone or disabled)."""
+    await conn.execute(
+        update(deliveries)
+        .where(_D.id == delivery_id, _D.lease_owner == owner)
+        .values(
+            status=str(DeliveryStatus.FAILED),
+            last_error=error,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+
+
+async def oldest_pending(conn: AsyncConnection) -> datetime | None:
+    """When the oldest delivery still pending was created (for the age metric)."""
+    value = (
+        await conn.execute(
+            select(func.min(_D.created_at)).where(_D.status == str(DeliveryStatus.PENDING))
+        )
+    ).scalar_one_or_none()
+    if value is None:
+        return None
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+async def next_due_delivery(conn: AsyncConnection) -> datetime | None:
+    value = (
+        await conn.execute(
+            select(func.min(_D.next_attempt_at)).where(_D.status == str(DeliveryStatus.PENDING))
+        )
+    ).scalar_one_or_none()
+    if value is None:
+        return None
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -1,0 +1,1 @@
+"""Outbound webhooks: signing, the retry schedule, the sender and the dispatcher loop."""

@@ -1,0 +1,23 @@
+"""Prometheus metrics of webhook delivery (served at ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+__all__ = ["ATTEMPTS", "ATTEMPT_SECONDS", "record_attempt"]
+
+ATTEMPTS = Counter(
+    "flowhook_webhook_attempts_total",
+    "Webhook delivery attempts by outcome (delivered or the error class).",
+    ["outcome"],
+)
+ATTEMPT_SECONDS = Histogram(
+    "flowhook_webhook_attempt_seconds",
+    "Duration of webhook delivery attempts.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+def record_attempt(outcome: str, duration_ms: int) -> None:
+    ATTEMPTS.labels(outcome=outcome).inc()
+    ATTEMPT_SECONDS.observe(duration_ms / 1000)

@@ -1,0 +1,151 @@
+"""One delivery attempt: sign, POST, classify the outcome (DESIGN.md "Webhook delivery").
+
+Outcomes: a 2xx within the timeout is delivered. A 3xx is never followed (failed, with the
+``Location`` in the error). A 4xx is final. A 5xx, timeout, connection, DNS or TLS error is
+retried. A refused target (SSRF guard) is final. 408 and 429 are retried only when
+``FLOWHOOK_WEBHOOK_RETRY_THROTTLED`` is on, honouring ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+import aiohttp
+
+from flowhook.signing import standard_signature, x_service_signature
+from flowhook.targets import TargetRefused, check_url
+
+__all__ = ["Result", "RETRYABLE", "EXCERPT_BYTES", "build_headers", "send"]
+
+EXCERPT_BYTES = 16 * 1024
+RETRYABLE = frozenset({"timeout", "connection", "dns", "tls", "http_5xx", "throttled"})
+USER_AGENT = "Flowhook-Webhooks/1"
+
+
+@dataclass(slots=True)
+class Result:
+    duration_ms: int
+    status_code: int | None = None
+    excerpt: str | None = None
+    error_class: str | None = None
+    error_detail: str | None = None
+    address: str | None = None
+    retry_after: float | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.error_class is None
+
+    @property
+    def retryable(self) -> bool:
+        return self.error_class in RETRYABLE
+
+
+def build_headers(
+    *,
+    body: bytes,
+    event_id: str,
+    event_type: str,
+    delivery_id: str,
+    attempt: int,
+    secret: str,
+    previous_secret: str | None,
+    now: datetime,
+) -> dict[str, str]:
+    """Headers for one attempt. During a rotation (``previous_secret`` still valid),
+    ``X-Service-Signature`` stays on the previous secret and ``webhook-signature`` carries
+    signatures with both."""
+    timestamp = int(now.timestamp())
+    signatures = [standard_signature(secret, event_id, timestamp, body)]
+    if previous_secret:
+        signatures.append(standard_signature(previous_secret, event_id, timestamp, body))
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Service-Signature": x_service_signature(previous_secret or secret, body),
+        "X-Service-Event": event_type,
+        "X-Service-Event-Id": event_id,
+        "X-Service-Delivery-Id": delivery_id,
+        "X-Service-Attempt": str(attempt),
+        "webhook-id": event_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": " ".join(signatures),
+    }
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    timeout: float,
+    allow_private: bool,
+    retry_throttled: bool = False,
+) -> Result:
+    started = time.perf_counter()
+
+    def done(**kw: object) -> Result:
+        return Result(duration_ms=round((time.perf_counter() - started) * 1000), **kw)  # type: ignore[arg-type]
+
+    try:
+        check_url(url, allow_private=allow_private)
+        async with session.post(
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            address = None
+            if response.connection is not None and response.connection.transport is not None:
+                peer = response.connection.transport.get_extra_info("peername")
+                address = str(peer[0]) if peer else None
+            raw = await response.content.read(EXCERPT_BYTES)
+            excerpt = raw.decode("utf-8", "replace")
+            status = response.status
+            if 200 <= status < 300:
+                return done(status_code=status, excerpt=excerpt, address=address)
+            if 300 <= status < 400:
+                location = response.headers.get("Location", "")
+                return done(
+                    status_code=status, excerpt=excerpt, address=address, error_class="redirect",
+                    error_detail=f"answered {status} redirecting to {location!r}; redirects are not "
+                    "followed: register the final URL",
+                )  # fmt: skip
+            if retry_throttled and status in (408, 429):
+                return done(
+                    status_code=status, excerpt=excerpt, address=address, error_class="throttled",
+                    error_detail=f"answered {status}",
+                    retry_after=_retry_after(response.headers.get("Retry-After")),
+                )  # fmt: skip
+            kind = "http_4xx" if status < 500 else "http_5xx"
+            return done(
+                status_code=status, excerpt=excerpt, address=address, error_class=kind,
+                error_detail=f"answered {status}",
+            )  # fmt: skip
+    except TargetRefused as exc:
+        return done(error_class="destination_blocked", error_detail=exc.message)
+    except TimeoutError:
+        return done(error_class="timeout", error_detail=f"no answer within {timeout:g} s")
+    except aiohttp.ClientConnectorDNSError as exc:
+        return done(error_class="dns", error_detail=str(exc))
+    except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as exc:
+        return done(error_class="tls", error_detail=str(exc))
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.__cause__, TargetRefused):
+            return done(error_class="destination_blocked", error_detail=exc.__cause__.message)
+        return done(error_class="connection", error_detail=str(exc))
+    except (aiohttp.ClientError, OSError) as exc:
+        return done(error_class="connection", error_detail=f"{type(exc).__name__}: {exc}")
