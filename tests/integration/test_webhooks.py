@@ -175,7 +175,7 @@ async def test_4xx_gives_one_attempt_and_a_redirect_is_not_followed(
     await endpoint(api, receiver.url + "/b", ["flow.completed"])
     await api.wait(await api.execute(await api.create_flow(FLOW), {"order_id": "o"}))
     redirected = await until(lambda: _two(deliveries(api, status="failed")))
-    moved = [d for d in redirected if d["last_status_code"] == 302][0]
+    moved = next(d for d in redirected if d["last_status_code"] == 302)
     assert moved["attempts"] == 1
     assert "elsewhere.example" in moved["last_error"] and "redirect" in moved["last_error"]
     assert len(receiver.requests) == 2
@@ -275,7 +275,7 @@ async def test_events_api(api: Api) -> None:
     run_id = await api.execute(await api.create_flow(FLOW), {"order_id": "o"})
     await api.wait(run_id)
     events = (await api.get("/api/v1/events", params={"run_id": run_id})).json()["data"]
-    assert [e["event"] for e in events][0] == "flow.completed"
+    assert next(e["event"] for e in events) == "flow.completed"
     one = (await api.get(f"/api/v1/events/{events[0]['id']}")).json()
     assert one["body"]["run_id"] == run_id
     assert (await api.get(f"/api/v1/events/{events[0]['id']}", who="other")).status_code == 404
