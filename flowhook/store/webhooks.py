@@ -207,6 +207,7 @@ class DueDelivery:
     previous_secret: str | None
     previous_secret_expires_at: datetime | None
     failing_since: datetime | None
+    created_at: datetime
 
 
 async def claim_deliveries(
@@ -268,6 +269,7 @@ async def claim_deliveries(
             _EP.previous_secret,
             _EP.previous_secret_expires_at,
             _EP.failing_since,
+            _D.created_at,
         )
         .join(events, events.c.id == _D.event_id)
         .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
@@ -288,6 +290,7 @@ async def claim_deliveries(
             r.previous_secret,
             r.previous_secret_expires_at,
             r.failing_since,
+            r.created_at,
         )
         for r in (await conn.execute(q)).all()
     ]

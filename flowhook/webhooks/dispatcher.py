@@ -226,6 +226,8 @@ class Dispatcher:
                         self.disable_after,
                     )
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
+        if result.delivered:
+            metrics.record_delivered((finished - due.created_at).total_seconds())
 
     async def _idle_wait(self) -> None:
         timeout = self.poll_interval

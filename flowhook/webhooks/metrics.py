@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-__all__ = ["ATTEMPTS", "ATTEMPT_SECONDS", "record_attempt"]
+__all__ = ["ATTEMPTS", "ATTEMPT_SECONDS", "DELIVERY_LATENCY", "record_attempt", "record_delivered"]
 
 ATTEMPTS = Counter(
     "flowhook_webhook_attempts_total",
@@ -21,3 +21,14 @@ ATTEMPT_SECONDS = Histogram(
 def record_attempt(outcome: str, duration_ms: int) -> None:
     ATTEMPTS.labels(outcome=outcome).inc()
     ATTEMPT_SECONDS.observe(duration_ms / 1000)
+
+
+DELIVERY_LATENCY = Histogram(
+    "flowhook_webhook_delivery_latency_seconds",
+    "From a delivery's creation (its event, or a replay) to its acknowledgement.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 120, 600, 3600, 7200),
+)
+
+
+def record_delivered(seconds: float) -> None:
+    DELIVERY_LATENCY.observe(max(0.0, seconds))

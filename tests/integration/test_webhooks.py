@@ -281,3 +281,13 @@ async def test_events_api(api: Api) -> None:
     assert (await api.get(f"/api/v1/events/{events[0]['id']}", who="other")).status_code == 404
     only = (await api.get("/api/v1/events", params={"event": "flow.started"})).json()["data"]
     assert [e["event"] for e in only] == ["flow.started"]
+
+
+async def test_metrics_count_attempts_and_pending_age(api: Api, receiver: Receiver) -> None:
+    await endpoint(api, receiver.url, ["flow.completed"])
+    await api.wait(await api.execute(await api.create_flow(FLOW), {"order_id": "o"}))
+    await until(lambda: deliveries(api, status="succeeded"))
+    text = (await api.client.get("/metrics")).text
+    assert 'flowhook_webhook_attempts_total{outcome="delivered"}' in text
+    assert "flowhook_webhook_delivery_latency_seconds_count" in text
+    assert "flowhook_webhook_oldest_pending_seconds 0.0" in text

@@ -1,0 +1,138 @@
+"""The dispatcher on a fake clock: the spec's retry schedule without sleeping, endpoint
+health, fairness across endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from flowhook.clock import FakeClock
+from flowhook.events import make_event
+from flowhook.service import Principal, Services
+from flowhook.store import events as events_store
+from flowhook.store.db import Database
+from flowhook.store.models import Mode
+from flowhook.store.wakeup import Wakeup
+from flowhook.webhooks.dispatcher import Dispatcher
+from tests.conftest import Receiver
+
+
+async def setup(
+    services: Services, clock: FakeClock, urls: list[str]
+) -> tuple[Principal, list[str]]:
+    created = await services.keys.create(Mode.TEST, "ws")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    services.webhooks._clock = clock  # type: ignore[attr-defined]
+    ids = []
+    for url in urls:
+        ep = await services.webhooks.create_endpoint(who, url=url, events=["flow.completed"])
+        ids.append(ep.id)
+    return who, ids
+
+
+async def raise_event(db: Database, who: Principal, clock: FakeClock, n: int = 1) -> None:
+    async with db.transaction() as conn:
+        for i in range(n):
+            await events_store.insert_events(
+                conn,
+                [
+                    make_event(
+                        "flow.completed", workspace_id=who.workspace_id, mode=who.mode,
+                        flow_id="wf_x", run_id=f"run_{i}", payload={"i": i}, now=clock.now(),
+                    )
+                ],
+            )  # fmt: skip
+
+
+def dispatcher(db: Database, clock: FakeClock, **kw: Any) -> Dispatcher:
+    return Dispatcher(
+        db, clock, Wakeup(), owner="d1", allow_private_targets=True, timeout=2.0, **kw
+    )
+
+
+async def pump(d: Dispatcher) -> int:
+    claimed = await d.run_once()
+    await d.drain()
+    return claimed
+
+
+async def test_spec_schedule_30s_2min_10min_then_failed(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    receiver.default = (500, {})
+    clock = FakeClock()
+    who, _ = await setup(services, clock, [receiver.url])
+    await raise_event(db, who, clock)
+    d = dispatcher(db, clock)
+    await d.open()
+    try:
+        assert await pump(d) == 1  # attempt 1 at t=0
+        for wait in (30, 120, 600):
+            clock.advance(wait - 0.01)
+            assert await pump(d) == 0, f"attempt came before {wait} s"
+            clock.advance(wait * 0.10 + 0.02)  # past the largest jitter
+            assert await pump(d) == 1
+        clock.advance(7200)
+        assert await pump(d) == 0  # four attempts in all
+    finally:
+        await d.stop()
+    assert len(receiver.requests) == 4
+    page = await services.webhooks.list_deliveries(who, limit=10, cursor=None, status="failed")
+    assert [x.attempts for x in page.data] == [4]
+
+
+async def test_an_endpoint_failing_for_the_whole_window_is_disabled(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    receiver.default = (400, {})
+    clock = FakeClock()
+    who, [ep_id] = await setup(services, clock, [receiver.url])
+    d = dispatcher(db, clock, disable_after=5 * 86400)
+    await d.open()
+    try:
+        for _ in range(6):
+            await raise_event(db, who, clock)
+            await pump(d)
+            clock.advance(86400)
+    finally:
+        await d.stop()
+    ep = await services.webhooks.get_endpoint(who, ep_id)
+    assert ep.enabled is False
+    assert ep.disabled_reason
+    enabled = await services.webhooks.update_endpoint(who, ep_id, {"enabled": True})
+    assert (enabled.enabled, enabled.disabled_reason, enabled.failing_since) == (True, None, None)
+
+
+async def test_a_slow_endpoint_does_not_hold_back_the_others(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    receiver.delay = 0.0
+    slow_hits = 0
+    original = receiver.handle
+
+    async def handle(request: Any) -> Any:
+        nonlocal slow_hits
+        if request.path == "/slow":
+            slow_hits += 1
+            await asyncio.sleep(1.0)
+        return await original(request)
+
+    receiver.handle = handle  # type: ignore[method-assign]
+    clock = FakeClock()
+    who, _ = await setup(services, clock, [receiver.url + "/slow", receiver.url + "/fast"])
+    await raise_event(db, who, clock, n=30)  # 30 deliveries to each endpoint
+    d = dispatcher(db, clock, concurrency=16, per_endpoint=4)
+    await d.open()
+    try:
+        await d.run_once()
+        assert sum(d._per_endpoint.values()) <= 16
+        assert max(d._per_endpoint.values()) <= 4
+        await asyncio.sleep(0.3)
+        for _ in range(20):
+            await d.run_once()
+            await asyncio.sleep(0.02)
+        fast_done = len([r for r in receiver.requests if r["path"] == "/fast"])
+        assert fast_done == 30  # all of them while the slow ones still hang
+        assert slow_hits <= 8
+    finally:
+        await d.stop(grace=5)
