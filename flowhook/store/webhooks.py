@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy import and_, bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
@@ -35,13 +35,12 @@ __all__ = [
     "subscribers",
     "insert_deliveries",
     "claim_deliveries",
-    "start_attempt",
-    "finish_attempt",
+    "Completion",
+    "finish_attempts",
     "get_delivery",
     "list_deliveries",
     "failed_deliveries_between",
     "mark_endpoint_health",
-    "fail_delivery",
     "oldest_pending",
     "next_due_delivery",
 ]
@@ -248,13 +247,23 @@ async def claim_deliveries(
             .where(
                 _D.id.in_(ids), _D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now
             )
-            .values(lease_owner=owner, lease_expires_at=lease_until, next_attempt_at=lease_until)
-            .returning(_D.id)
+            .values(
+                lease_owner=owner,
+                lease_expires_at=lease_until,
+                next_attempt_at=lease_until,
+                attempts=_D.attempts + 1,
+            )
+            .returning(_D.id, _D.attempts)
         )
-    ).scalars()
-    claimed_ids = list(claimed)
+    ).all()
+    claimed_ids = [r.id for r in claimed]
     if not claimed_ids:
         return []
+    # Every attempt is logged before it is sent: its line is written with the claim.
+    await conn.execute(
+        delivery_attempts.insert(),
+        [{"delivery_id": r.id, "number": r.attempts, "started_at": now} for r in claimed],
+    )
     q = (
         select(
             _D.id,
@@ -296,71 +305,82 @@ async def claim_deliveries(
     ]
 
 
-async def start_attempt(
-    conn: AsyncConnection, delivery_id: str, *, owner: str, number: int, now: datetime
-) -> bool:
-    """Log an attempt before it is sent; ``False`` if the lease moved on."""
-    result = await conn.execute(
-        update(deliveries)
-        .where(
-            _D.id == delivery_id, _D.lease_owner == owner, _D.status == str(DeliveryStatus.PENDING)
-        )
-        .values(attempts=number)
-    )
-    if result.rowcount != 1:
-        return False
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How one attempt ended, and what becomes of its delivery."""
+
+    delivery_id: str
+    endpoint_id: str
+    attempt: Attempt
+    status: DeliveryStatus
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+
+async def finish_attempts(
+    conn: AsyncConnection, completions: Sequence[Completion], *, owner: str
+) -> None:
+    """Complete attempts' log lines and move their deliveries on (pending again, succeeded
+    or failed), many in one transaction. A delivery whose lease moved on is left alone; its
+    attempt's line still records what this attempt saw."""
+    if not completions:
+        return
     await conn.execute(
-        delivery_attempts.insert().values(delivery_id=delivery_id, number=number, started_at=now)
+        update(deliveries)
+        .where(_D.id == bindparam("b_id"), _D.lease_owner == owner)
+        .values(
+            status=bindparam("b_status"),
+            last_status_code=bindparam("b_code"),
+            last_error=bindparam("b_error"),
+            next_attempt_at=bindparam("b_next"),
+            finished_at=bindparam("b_finished"),
+            lease_owner=None,
+            lease_expires_at=None,
+        ),
+        [
+            {
+                "b_id": c.delivery_id,
+                "b_status": str(c.status),
+                "b_code": c.attempt.status_code,
+                "b_error": c.last_error,
+                "b_next": c.next_attempt_at or c.attempt.finished_at,
+                "b_finished": None if c.status is DeliveryStatus.PENDING else c.attempt.finished_at,
+            }
+            for c in completions
+        ],
     )
-    return True
-
-
-async def finish_attempt(
-    conn: AsyncConnection,
-    delivery_id: str,
-    *,
-    owner: str,
-    attempt: Attempt,
-    status: DeliveryStatus,
-    next_attempt_at: datetime | None,
-    last_error: str | None,
-) -> bool:
-    """Complete the attempt's log line and move the delivery on (pending again, succeeded or
-    failed); ``False`` if the lease moved on."""
-    values: dict[str, Any] = {
-        "status": str(status),
-        "last_status_code": attempt.status_code,
-        "last_error": last_error,
-        "lease_owner": None,
-        "lease_expires_at": None,
-    }
-    if next_attempt_at is not None:
-        values["next_attempt_at"] = next_attempt_at
-    if status is not DeliveryStatus.PENDING:
-        values["finished_at"] = attempt.finished_at
-    result = await conn.execute(
-        update(deliveries).where(_D.id == delivery_id, _D.lease_owner == owner).values(**values)
-    )
-    if result.rowcount != 1:
-        return False
     await conn.execute(
         update(delivery_attempts)
         .where(
-            delivery_attempts.c.delivery_id == delivery_id,
-            delivery_attempts.c.number == attempt.number,
+            delivery_attempts.c.delivery_id == bindparam("b_id"),
+            delivery_attempts.c.number == bindparam("b_number"),
         )
         .values(
-            finished_at=attempt.finished_at,
-            duration_ms=attempt.duration_ms,
-            address=attempt.address,
-            status_code=attempt.status_code,
-            response_excerpt=attempt.response_excerpt,
-            error_class=attempt.error_class,
-            error_detail=attempt.error_detail,
-            next_attempt_at=attempt.next_attempt_at,
-        )
+            finished_at=bindparam("b_finished"),
+            duration_ms=bindparam("b_duration"),
+            address=bindparam("b_address"),
+            status_code=bindparam("b_code"),
+            response_excerpt=bindparam("b_excerpt"),
+            error_class=bindparam("b_class"),
+            error_detail=bindparam("b_detail"),
+            next_attempt_at=bindparam("b_next"),
+        ),
+        [
+            {
+                "b_id": c.delivery_id,
+                "b_number": c.attempt.number,
+                "b_finished": c.attempt.finished_at,
+                "b_duration": c.attempt.duration_ms,
+                "b_address": c.attempt.address,
+                "b_code": c.attempt.status_code,
+                "b_excerpt": c.attempt.response_excerpt,
+                "b_class": c.attempt.error_class,
+                "b_detail": c.attempt.error_detail,
+                "b_next": c.attempt.next_attempt_at,
+            }
+            for c in completions
+        ],
     )
-    return True
 
 
 def _delivery(row: Any) -> Delivery:
@@ -496,23 +516,6 @@ async def mark_endpoint_health(
         )
     )
     return result.rowcount == 1
-
-
-async def fail_delivery(
-    conn: AsyncConnection, delivery_id: str, *, owner: str, error: str, now: datetime
-) -> None:
-    """End a claimed delivery without an attempt (its endpoint is gone or disabled)."""
-    await conn.execute(
-        update(deliveries)
-        .where(_D.id == delivery_id, _D.lease_owner == owner)
-        .values(
-            status=str(DeliveryStatus.FAILED),
-            last_error=error,
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
 
 
 async def oldest_pending(conn: AsyncConnection) -> datetime | None:

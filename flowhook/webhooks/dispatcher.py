@@ -1,8 +1,11 @@
 """The dispatcher loop: claim due deliveries fairly, send each, log every attempt.
 
-Every attempt is logged before it is sent and completed after, in its own transactions, so a
-process that dies mid-attempt leaves a log line without an end and the delivery is tried
-again (same event id) when its lease runs out. The lease is at least three times the request
+Every attempt is logged before it is sent (its line is written in the claim's transaction)
+and completed after, so a process that dies mid-attempt leaves a line without an end and the
+delivery is tried again (same event id) when its lease runs out. Completions are written in
+groups: whatever finished while the previous group was being committed goes in the next
+transaction (group commit), so a busy dispatcher writes a few transactions a second, not one
+per delivery. The lease is at least three times the request
 timeout, so two processes never send the same attempt. Each endpoint has at most
 ``per_endpoint`` deliveries in flight in this process, and a claim takes at most that many of
 one endpoint: a dead endpoint never holds back the others.
@@ -72,6 +75,9 @@ class Dispatcher:
         self._per_endpoint: Counter[str] = Counter()
         self._stopping = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._done: list[tuple[store.Completion, asyncio.Future[None]]] = []
+        self._done_ready = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         if self.http is None:
@@ -81,6 +87,8 @@ class Dispatcher:
                 limit_per_host=self.per_endpoint * 4,
             )
             self.http = aiohttp.ClientSession(connector=connector)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_loop(), name="flowhook-completions")
 
     async def start(self) -> None:
         await self.open()
@@ -92,6 +100,9 @@ class Dispatcher:
         if self._inflight:
             await asyncio.wait(list(self._inflight.values()), timeout=grace)
         tasks = [*self._inflight.values(), *([self._loop_task] if self._loop_task else [])]
+        if self._flusher is not None:
+            tasks.append(self._flusher)
+            self._flusher = None
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -144,17 +155,24 @@ class Dispatcher:
     async def _attempt(self, due: store.DueDelivery) -> None:
         assert self.http is not None, "open() first"
         now = self.clock.now()
+        number = due.attempts  # counted and logged by the claim
         if due.url is None or not due.enabled:
-            reason = "the endpoint was deleted" if due.url is None else "the endpoint is disabled"
-            async with self.db.transaction() as conn:
-                await store.fail_delivery(conn, due.id, owner=self.owner, error=reason, now=now)
+            gone = due.url is None
+            await self._complete(
+                store.Completion(
+                    due.id,
+                    due.endpoint_id,
+                    Attempt(
+                        number, now, now, 0,
+                        error_class="endpoint_deleted" if gone else "endpoint_disabled",
+                        error_detail="the endpoint was deleted" if gone else "the endpoint is disabled",
+                    ),
+                    DeliveryStatus.FAILED,
+                    None,
+                    "the endpoint was deleted" if gone else "the endpoint is disabled",
+                )
+            )  # fmt: skip
             return
-        number = due.attempts + 1
-        async with self.db.transaction() as conn:
-            if not await store.start_attempt(
-                conn, due.id, owner=self.owner, number=number, now=now
-            ):
-                return
         previous = due.previous_secret
         if previous and (
             due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
@@ -205,29 +223,59 @@ class Dispatcher:
             next_attempt_at=next_at,
         )
         last_error = f"{result.error_class}: {result.error_detail}" if result.error_class else None
-        async with self.db.transaction() as conn:
-            if not await store.finish_attempt(
-                conn, due.id, owner=self.owner, attempt=attempt, status=status,
-                next_attempt_at=next_at, last_error=last_error,
-            ):  # fmt: skip
-                return
-            if status is not DeliveryStatus.PENDING:
-                disabled = await store.mark_endpoint_health(
-                    conn,
-                    due.endpoint_id,
-                    succeeded=status is DeliveryStatus.SUCCEEDED,
-                    now=finished,
-                    disable_before=finished - self.disable_after,
-                )
-                if disabled:
-                    log.warning(
-                        "endpoint %s disabled: only failures for %s",
-                        due.endpoint_id,
-                        self.disable_after,
-                    )
+        await self._complete(
+            store.Completion(due.id, due.endpoint_id, attempt, status, next_at, last_error)
+        )
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
         if result.delivered:
             metrics.record_delivered((finished - due.created_at).total_seconds())
+
+    async def _complete(self, completion: store.Completion) -> None:
+        """Queue a completion for the next group commit and wait until it is durable."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._done.append((completion, done))
+        self._done_ready.set()
+        await done
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._done_ready.wait()
+            self._done_ready.clear()
+            batch, self._done = self._done, []
+            if not batch:
+                continue
+            completions = [c for c, _ in batch]
+            try:
+                async with self.db.transaction() as conn:
+                    await store.finish_attempts(conn, completions, owner=self.owner)
+                    # Endpoint health: per endpoint, the last final outcome of the group.
+                    final = {
+                        c.endpoint_id: c
+                        for c in completions
+                        if c.status is not DeliveryStatus.PENDING
+                    }
+                    for c in final.values():
+                        when = c.attempt.finished_at or self.clock.now()
+                        if await store.mark_endpoint_health(
+                            conn,
+                            c.endpoint_id,
+                            succeeded=c.status is DeliveryStatus.SUCCEEDED,
+                            now=when,
+                            disable_before=when - self.disable_after,
+                        ):
+                            log.warning(
+                                "endpoint %s disabled: only failures for %s",
+                                c.endpoint_id,
+                                self.disable_after,
+                            )
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for _, done in batch:
+                if not done.done():
+                    done.set_result(None)
 
     async def _idle_wait(self) -> None:
         timeout = self.poll_interval

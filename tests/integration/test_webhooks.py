@@ -291,3 +291,29 @@ async def test_metrics_count_attempts_and_pending_age(api: Api, receiver: Receiv
     assert 'flowhook_webhook_attempts_total{outcome="delivered"}' in text
     assert "flowhook_webhook_delivery_latency_seconds_count" in text
     assert "flowhook_webhook_oldest_pending_seconds 0.0" in text
+
+
+async def test_failure_and_cancel_events_arrive_signed(api: Api, receiver: Receiver) -> None:
+    ep = await endpoint(api, receiver.url, ["flow.step_failed", "flow.failed", "flow.cancelled"])
+    failing = await api.create_flow(
+        {"name": "f", "steps": [{"id": "boom", "type": "fail", "message": "no"}]}
+    )
+    await api.wait(await api.execute(failing))
+    sleeping = await api.create_flow(
+        {"name": "s", "steps": [{"id": "nap", "type": "delay", "seconds": 60}]}
+    )
+    run_id = await api.execute(sleeping)
+    await until(lambda: _has_steps(api, run_id))
+    assert (await api.post(f"/api/v1/flows/runs/{run_id}/cancel")).status_code == 200
+    await until(lambda: len(receiver.requests) >= 3)
+    assert sorted(r["headers"]["X-Service-Event"] for r in receiver.requests) == [
+        "flow.cancelled", "flow.failed", "flow.step_failed",
+    ]  # fmt: skip
+    for r in receiver.requests:
+        verify(ep["secret"], r)
+    failed = orjson.loads(receiver.of("flow.failed")[0]["body"])
+    assert failed["payload"]["error"] == {"type": "fail", "message": "no", "step": "boom"}
+
+
+async def _has_steps(api: Api, run_id: str) -> bool:
+    return bool((await api.get(f"/api/v1/flows/runs/{run_id}")).json()["steps"])
