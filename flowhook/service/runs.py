@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import orjson
 import sqlalchemy.exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
 from flowhook.errors import Conflict, IdempotencyConflict, InvalidInput, NotFound
 from flowhook.events import make_event
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
+from flowhook.service.batching import GroupCommit
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
-from flowhook.store.models import Event, Run, RunStatus
+from flowhook.store.models import Event, Flow, Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
@@ -48,11 +51,22 @@ def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class _StartRequest:
+    who: Principal
+    flow_id: str
+    payload: dict[str, Any]
+    trigger: str
+    key: str | None
+    digest: str | None
+
+
 class RunService:
     def __init__(self, db: Database, clock: Clock, wakeup: Wakeup) -> None:
         self._db = db
         self._clock = clock
         self._wakeup = wakeup
+        self._group: GroupCommit[_StartRequest, Started] = GroupCommit(self._commit_starts)
 
     async def start(
         self,
@@ -63,7 +77,8 @@ class RunService:
         trigger: str = "api",
         idempotency_key: str | None = None,
     ) -> Started:
-        """Queue a run: the run row (its own queue entry) is committed before this returns."""
+        """Queue a run: the run row (its own queue entry) is committed before this returns.
+        Concurrent calls share a transaction (group commit)."""
         if trigger not in TRIGGERS:
             allowed = ", ".join(repr(t) for t in TRIGGERS)
             raise InvalidInput(
@@ -77,55 +92,85 @@ class RunService:
                 field="Idempotency-Key",
             )
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
-        try:
-            started = await self._start(who, flow_id, payload, trigger, idempotency_key, digest)
-        except sa_exc.IntegrityError:
-            # Another request with the same key committed first: answer as it did.
-            started = await self._start(who, flow_id, payload, trigger, idempotency_key, digest)
-        if not started.replayed:
-            self._wakeup.notify()
-        return started
+        return await self._group.submit(
+            _StartRequest(who, flow_id, payload, trigger, idempotency_key, digest)
+        )
 
-    async def _start(
-        self,
-        who: Principal,
-        flow_id: str,
-        payload: dict[str, Any],
-        trigger: str,
-        key: str | None,
-        digest: str | None,
-    ) -> Started:
+    async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
+        try:
+            async with self._db.transaction() as conn:
+                return await self._start_many(conn, batch)
+        except sa_exc.IntegrityError:
+            # Another process committed the same Idempotency-Key first: redo one by one, so
+            # each request answers as that key now dictates.
+            results: list[Started | BaseException] = []
+            for request in batch:
+                try:
+                    async with self._db.transaction() as conn:
+                        [result] = await self._start_many(conn, [request])
+                except sa_exc.IntegrityError:
+                    async with self._db.transaction() as conn:
+                        [result] = await self._start_many(conn, [request])
+                results.append(result)
+            return results
+
+    async def _start_many(
+        self, conn: AsyncConnection, batch: Sequence[_StartRequest]
+    ) -> list[Started | BaseException]:
         now = self._clock.now()
-        async with self._db.transaction() as conn:
-            if key is not None:
-                found = await runs_store.find_by_idempotency_key(
-                    conn, who.workspace_id, who.mode, key
-                )
-                if found is not None:
-                    earlier, earlier_hash = found
-                    if earlier.queued_at > now - IDEMPOTENCY_WINDOW:
-                        if earlier_hash != digest:
-                            raise IdempotencyConflict(
+        results: list[Started | BaseException] = []
+        rows: list[tuple[Run, str | None, str | None]] = []
+        flows: dict[tuple[str, str, str], Flow | None] = {}
+        keyed: dict[tuple[str, str, str], tuple[Run, str | None]] = {}
+        for req in batch:
+            who = req.who
+            if req.key is not None:
+                seen = keyed.get((who.workspace_id, who.mode, req.key))
+                if seen is None:
+                    found = await runs_store.find_by_idempotency_key(
+                        conn, who.workspace_id, who.mode, req.key
+                    )
+                    if found is not None and found[0].queued_at <= now - IDEMPOTENCY_WINDOW:
+                        await runs_store.release_idempotency_key(conn, found[0].run_id)
+                        found = None
+                    seen = found
+                if seen is not None:
+                    earlier, earlier_hash = seen
+                    if earlier_hash != req.digest:
+                        results.append(
+                            IdempotencyConflict(
                                 "this Idempotency-Key was used with a different request body"
                             )
-                        return Started(earlier, replayed=True)
-                    await runs_store.release_idempotency_key(conn, earlier.run_id)
-            flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
+                        )
+                    else:
+                        results.append(Started(earlier, replayed=True))
+                    continue
+            flow_key = (who.workspace_id, str(who.mode), req.flow_id)
+            if flow_key not in flows:
+                flows[flow_key] = await flows_store.get_flow(
+                    conn, who.workspace_id, who.mode, req.flow_id
+                )
+            flow = flows[flow_key]
             if flow is None:
-                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+                results.append(NotFound(f"no flow {req.flow_id!r} in this workspace and mode"))
+                continue
             run = Run(
                 run_id=new_id("run"),
                 workspace_id=who.workspace_id,
                 mode=who.mode,
-                flow_id=flow_id,
+                flow_id=req.flow_id,
                 flow_version=flow.version,
-                trigger=trigger,
+                trigger=req.trigger,
                 status=RunStatus.QUEUED,
-                payload=payload,
+                payload=req.payload,
                 queued_at=now,
             )
-            await runs_store.insert_run(conn, run, idempotency_key=key, request_hash=digest)
-        return Started(run, replayed=False)
+            rows.append((run, req.key, req.digest))
+            if req.key is not None:
+                keyed[(who.workspace_id, who.mode, req.key)] = (run, req.digest)
+            results.append(Started(run, replayed=False))
+        await runs_store.insert_runs(conn, rows)
+        return results
 
     async def get(self, who: Principal, run_id: str) -> Run:
         if not is_id(run_id, "run"):

@@ -55,9 +55,18 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """A write transaction: committed when the block ends, rolled back on error."""
+        """A write transaction: committed when the block ends, rolled back on error. Queries
+        that queue work add its kind to ``conn.info["wake"]``; those wake-ups fire after the
+        commit, never for work that rolled back."""
+        wake: set[str] = set()
         async with _translated(), self.writer.begin() as conn:
-            yield conn
+            conn.info["wake"] = wake
+            try:
+                yield conn
+            finally:
+                conn.info.pop("wake", None)
+        for kind in wake:
+            self.wakeups[kind].notify()
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

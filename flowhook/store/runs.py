@@ -23,6 +23,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "LeaseLost",
     "insert_run",
+    "insert_runs",
     "find_by_idempotency_key",
     "release_idempotency_key",
     "get_run",
@@ -110,6 +111,37 @@ async def insert_run(
             idempotency_key=idempotency_key,
             request_hash=request_hash,
         )
+    )
+    conn.info.setdefault("wake", set()).add("runs")
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+
+
+async def insert_runs(
+    conn: AsyncConnection, batch: Sequence[tuple[Run, str | None, str | None]]
+) -> None:
+    """Write many queued runs in one statement: (run, idempotency key, request hash) each."""
+    if not batch:
+        return
+    await conn.execute(
+        runs.insert(),
+        [
+            {
+                "run_id": run.run_id,
+                "workspace_id": run.workspace_id,
+                "mode": str(run.mode),
+                "flow_id": run.flow_id,
+                "flow_version": run.flow_version,
+                "trigger": run.trigger,
+                "status": str(run.status),
+                "payload": run.payload,
+                "queued_at": run.queued_at,
+                "available_at": run.queued_at,
+                "idempotency_key": key,
+                "request_hash": digest,
+            }
+            for run, key, digest in batch
+        ],
     )
     conn.info.setdefault("wake", set()).add("runs")
     if conn.dialect.name == "postgresql":

@@ -1,0 +1,58 @@
+"""Group commit: concurrent requests share one write transaction.
+
+Requests that arrive while a transaction is being committed wait for the next one, which
+takes them all. An idle service commits a lone request at once (no added delay), and a busy
+one turns hundreds of single-row transactions into a few large ones. Each caller still gets
+its answer only after its rows are committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["GroupCommit"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class GroupCommit(Generic[T, R]):
+    def __init__(
+        self,
+        commit: Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]],
+        *,
+        max_batch: int = 256,
+    ) -> None:
+        self._commit = commit
+        self._max = max_batch
+        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+            try:
+                results = await self._commit([item for item, _ in batch])
+            except BaseException as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
