@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +29,6 @@ from flowhook.definition import ExpressionError, Renderer, compile_value
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.events import make_event
-from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
@@ -88,7 +88,9 @@ class Executor:
         allow_private_targets: bool = False,
         max_claims: int = 5,
         cache_size: int = 1024,
+        apply: Callable[[runs_store.Progress], Awaitable[bool]] | None = None,
     ) -> None:
+        self._apply = apply or self._apply_alone
         self._db = db
         self._clock = clock
         self._owner = owner
@@ -101,6 +103,23 @@ class Executor:
         """Runs whose step is in flight now: the ones a cancel may interrupt."""
         self.cancelling: set[str] = set()
         """Runs whose task the worker cancelled because a cancel was requested."""
+
+    async def _apply_alone(self, progress: runs_store.Progress) -> bool:
+        async with self._db.transaction() as conn:
+            [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+        return ok
+
+    async def _write(
+        self,
+        run: Run,
+        changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...],
+        steps: list[RunStep],
+        events: list[Event],
+    ) -> None:
+        """Write a run's progress (possibly in a transaction shared with other runs); raises
+        LeaseLost when the run's guard fails."""
+        if not await self._apply(runs_store.Progress(run.run_id, changes, steps, events)):
+            raise runs_store.LeaseLost(run.run_id)
 
     async def _compiled(self, run: Run) -> CompiledFlow | None:
         key = (run.flow_id, run.flow_version)
@@ -371,16 +390,7 @@ class Executor:
             "steps_executed": run.steps_executed,
             **extra,
         }
-        async with self._db.transaction() as conn:
-            await runs_store.save_progress(
-                conn,
-                run.run_id,
-                owner=self._owner,
-                status=RunStatus.RUNNING,
-                values=values,
-                steps=pending.steps,
-            )
-            await events_store.insert_events(conn, pending.events)
+        await self._write(run, ((RunStatus.RUNNING, values, True),), pending.steps, pending.events)
         run.status = RunStatus.RUNNING
 
     async def _release(self, run: Run, pending: _Pending, idx: int, wake: datetime) -> RunStatus:
@@ -441,20 +451,10 @@ class Executor:
                 "duration_ms": duration,
             }
             pending.events.append(self._event(run, "flow.failed", payload, now))
-        async with self._db.transaction() as conn:
-            if run.status is RunStatus.QUEUED:  # started and finished in one commit
-                await runs_store.save_progress(
-                    conn, run.run_id, owner=self._owner, status=RunStatus.RUNNING, values={}
-                )
-            await runs_store.save_progress(
-                conn,
-                run.run_id,
-                owner=self._owner,
-                status=status,
-                values=values,
-                steps=pending.steps,
-            )
-            await events_store.insert_events(conn, pending.events)
+        changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...] = ((status, values, True),)
+        if run.status is RunStatus.QUEUED:  # started and finished in one commit
+            changes = ((RunStatus.RUNNING, {}, True), *changes)
+        await self._write(run, changes, pending.steps, pending.events)
         run.status = status
         return status
 
@@ -480,16 +480,8 @@ class Executor:
             {"status": "cancelled", "steps_executed": run.steps_executed, "duration_ms": duration},
             now,
         )
-        async with self._db.transaction() as conn:
-            await runs_store.save_progress(
-                conn,
-                run.run_id,
-                owner=self._owner,
-                status=RunStatus.CANCELLED,
-                values={"finished_at": now, "duration_ms": duration},
-                honour_cancel=False,
-            )
-            await events_store.insert_events(conn, [event])
+        values = {"finished_at": now, "duration_ms": duration}
+        await self._write(run, ((RunStatus.CANCELLED, values, False),), [], [event])
         return RunStatus.CANCELLED
 
 

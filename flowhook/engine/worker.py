@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 
 import aiohttp
@@ -21,6 +22,7 @@ import aiohttp
 from flowhook.clock import Clock
 from flowhook.engine.executor import Executor
 from flowhook.errors import StoreUnavailable
+from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
@@ -66,7 +68,10 @@ class Worker:
         self._allow_private = allow_private_targets
         load_plugins(plugins or [])
         self.http: aiohttp.ClientSession | None = None
-        self.executor = Executor(db, clock, self.owner, max_claims=max_claims)
+        self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(self._commit_progress)
+        self.executor = Executor(
+            db, clock, self.owner, max_claims=max_claims, apply=self._writes.submit
+        )
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -85,7 +90,14 @@ class Worker:
                 http=self.http,
                 allow_private_targets=self._allow_private,
                 max_claims=self._max_claims,
+                apply=self._writes.submit,
             )
+
+    async def _commit_progress(self, batch: Sequence[runs_store.Progress]) -> list[bool]:
+        """Group commit: the progress of every run that reached a write meanwhile, in one
+        transaction."""
+        async with self.db.transaction() as conn:
+            return await runs_store.apply_progress(conn, batch, owner=self.owner)
 
     async def start(self) -> None:
         await self.open()
@@ -107,6 +119,7 @@ class Worker:
         for task in [*self._inflight.values(), *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._writes.wait_idle()
         if self.http is not None:
             await self.http.close()
             self.http = None

@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from flowhook.clock import Clock
 from flowhook.errors import Conflict, IdempotencyConflict, InvalidInput, NotFound
 from flowhook.events import make_event
+from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
-from flowhook.service.batching import GroupCommit
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store

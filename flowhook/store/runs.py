@@ -9,6 +9,7 @@ and the claim query needs no separate lease test. Heartbeats push both forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,8 @@ from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus, sources_of
+from flowhook.store import events as events_store
+from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep, StepStatus, sources_of
 from flowhook.store.tables import run_steps, runs
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "claim_runs",
     "extend_leases",
     "save_progress",
+    "Progress",
+    "apply_progress",
     "cancel_unleased",
     "request_cancel",
     "next_due",
@@ -276,6 +280,60 @@ async def extend_leases(
     return int(result.rowcount)
 
 
+async def _guarded_update(
+    conn: AsyncConnection,
+    run_id: str,
+    *,
+    owner: str,
+    status: RunStatus,
+    values: dict[str, Any],
+    honour_cancel: bool,
+) -> bool:
+    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
+        sources = [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
+    else:
+        sources = sources_of(status)
+    guard = and_(runs.c.run_id == run_id, runs.c.lease_owner == owner, runs.c.status.in_(sources))
+    if honour_cancel:
+        guard = and_(guard, runs.c.cancel_requested_at.is_(None))
+    if status.terminal:
+        values = {**values, "lease_owner": None, "lease_expires_at": None}
+    result = await conn.execute(update(runs).where(guard).values(status=str(status), **values))
+    return bool(result.rowcount == 1)
+
+
+async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep]]) -> None:
+    if not rows:
+        return
+    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = dialect_insert(run_steps)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[run_steps.c.run_id, run_steps.c.idx],
+        set_={
+            c.name: stmt.excluded[c.name] for c in run_steps.c if c.name not in ("run_id", "idx")
+        },
+    )
+    await conn.execute(
+        stmt,
+        [
+            {
+                "run_id": run_id,
+                "idx": s.idx,
+                "step_id": s.step_id,
+                "type": s.type,
+                "status": str(s.status),
+                "attempts": s.attempts,
+                "started_at": s.started_at,
+                "finished_at": s.finished_at,
+                "duration_ms": s.duration_ms,
+                "output": s.output,
+                "error": s.error,
+            }
+            for run_id, s in rows
+        ],
+    )
+
+
 async def save_progress(
     conn: AsyncConnection,
     run_id: str,
@@ -286,54 +344,52 @@ async def save_progress(
     steps: Sequence[RunStep] = (),
     honour_cancel: bool = True,
 ) -> None:
-    """Move a leased run to ``status`` with ``values``, and record ``steps``, in one statement
-    each; raises :class:`LeaseLost` (rolling back the transaction) when the guard fails."""
-    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
-        sources = [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
-    else:
-        sources = sources_of(status)
-    guard = and_(
-        runs.c.run_id == run_id,
-        runs.c.lease_owner == owner,
-        runs.c.status.in_(sources),
-    )
-    if honour_cancel:
-        guard = and_(guard, runs.c.cancel_requested_at.is_(None))
-    if status.terminal:
-        values = {**values, "lease_owner": None, "lease_expires_at": None}
-    result = await conn.execute(update(runs).where(guard).values(status=str(status), **values))
-    if result.rowcount != 1:
+    """Move a leased run to ``status`` with ``values`` and record ``steps``; raises
+    :class:`LeaseLost` (rolling back the transaction) when the guard fails."""
+    if not await _guarded_update(
+        conn, run_id, owner=owner, status=status, values=values, honour_cancel=honour_cancel
+    ):
         raise LeaseLost(run_id)
-    if steps:
-        dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-        stmt = dialect_insert(run_steps)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[run_steps.c.run_id, run_steps.c.idx],
-            set_={
-                c.name: stmt.excluded[c.name]
-                for c in run_steps.c
-                if c.name not in ("run_id", "idx")
-            },
-        )
-        await conn.execute(
-            stmt,
-            [
-                {
-                    "run_id": run_id,
-                    "idx": s.idx,
-                    "step_id": s.step_id,
-                    "type": s.type,
-                    "status": str(s.status),
-                    "attempts": s.attempts,
-                    "started_at": s.started_at,
-                    "finished_at": s.finished_at,
-                    "duration_ms": s.duration_ms,
-                    "output": s.output,
-                    "error": s.error,
-                }
-                for s in steps
-            ],
-        )
+    await _upsert_steps(conn, [(run_id, s) for s in steps])
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One run's writes: status changes (status, values, whether a cancel request blocks
+    them), step rows and events, applied together or not at all."""
+
+    run_id: str
+    changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...]
+    steps: Sequence[RunStep] = ()
+    events: Sequence[Event] = ()
+
+
+async def apply_progress(
+    conn: AsyncConnection, items: Sequence[Progress], *, owner: str
+) -> list[bool]:
+    """Apply many runs' writes in one transaction (group commit). An item whose guard fails
+    (lease lost, cancel requested) writes nothing and answers ``False``; the others go on."""
+    results: list[bool] = []
+    steps: list[tuple[str, RunStep]] = []
+    for item in items:
+        ok = True
+        for status, values, honour_cancel in item.changes:
+            if not await _guarded_update(
+                conn,
+                item.run_id,
+                owner=owner,
+                status=status,
+                values=values,
+                honour_cancel=honour_cancel,
+            ):
+                ok = False  # the first change carries the guard: nothing of this item was written
+                break
+        if ok:
+            steps.extend((item.run_id, s) for s in item.steps)
+            await events_store.insert_events(conn, item.events)
+        results.append(ok)
+    await _upsert_steps(conn, steps)
+    return results
 
 
 async def cancel_unleased(

@@ -37,6 +37,11 @@ class GroupCommit(Generic[T, R]):
             self._task = asyncio.create_task(self._run())
         return await future
 
+    async def wait_idle(self) -> None:
+        """Wait until what was submitted so far is committed (or has failed)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait([self._task])
+
     async def _run(self) -> None:
         while self._pending:
             batch, self._pending = self._pending[: self._max], self._pending[self._max :]
