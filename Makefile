@@ -25,6 +25,7 @@ serve: install
 
 test: install
 	scripts/ensure-postgres
+	scripts/ensure-chromium
 	$(BIN)/pytest
 
 lint: install

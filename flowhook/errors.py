@@ -19,6 +19,7 @@ __all__ = [
     "InvalidInput",
     "InvalidDefinition",
     "Unauthenticated",
+    "Forbidden",
     "NotFound",
     "Conflict",
     "IdempotencyConflict",
@@ -54,6 +55,10 @@ class InvalidDefinition(InvalidInput):
 
 class Unauthenticated(FlowhookError):
     code = "unauthenticated"
+
+
+class Forbidden(FlowhookError):
+    code = "forbidden"
 
 
 class NotFound(FlowhookError):

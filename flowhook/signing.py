@@ -13,10 +13,18 @@ import base64
 import hashlib
 import hmac
 import secrets
+from datetime import datetime
 
-__all__ = ["new_secret", "x_service_signature", "standard_signature", "secret_key_bytes"]
+__all__ = [
+    "new_secret",
+    "x_service_signature",
+    "standard_signature",
+    "secret_key_bytes",
+    "build_headers",
+]
 
 PREFIX = "whsec_"
+USER_AGENT = "Flowhook-Webhooks/1"
 
 
 def new_secret() -> str:
@@ -35,3 +43,35 @@ def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) ->
     signed = f"{msg_id}.{timestamp}.".encode() + body
     digest = hmac.new(secret_key_bytes(secret), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
+
+
+def build_headers(
+    *,
+    body: bytes,
+    event_id: str,
+    event_type: str,
+    delivery_id: str,
+    attempt: int,
+    secret: str,
+    previous_secret: str | None,
+    now: datetime,
+) -> dict[str, str]:
+    """Headers for one attempt. During a rotation (``previous_secret`` still valid),
+    ``X-Service-Signature`` stays on the previous secret and ``webhook-signature`` carries
+    signatures with both."""
+    timestamp = int(now.timestamp())
+    signatures = [standard_signature(secret, event_id, timestamp, body)]
+    if previous_secret:
+        signatures.append(standard_signature(previous_secret, event_id, timestamp, body))
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Service-Signature": x_service_signature(previous_secret or secret, body),
+        "X-Service-Event": event_type,
+        "X-Service-Event-Id": event_id,
+        "X-Service-Delivery-Id": delivery_id,
+        "X-Service-Attempt": str(attempt),
+        "webhook-id": event_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": " ".join(signatures),
+    }

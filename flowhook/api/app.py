@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.middleware import RequestGuard
@@ -22,6 +23,7 @@ from flowhook.store.migrate import migrate
 from flowhook.store.runs import NOTIFY_CHANNEL
 from flowhook.store.wakeup import PgListener
 from flowhook.store.webhooks import DELIVERY_CHANNEL
+from flowhook.web import routes as web_routes
 from flowhook.webhooks.dispatcher import Dispatcher
 
 __all__ = ["create_app"]
@@ -119,6 +121,9 @@ def create_app(
     app.include_router(runs.router, prefix="/api/v1")
     app.include_router(flows.router, prefix="/api/v1")
     app.include_router(webhooks.router, prefix="/api/v1")
-    install_error_handlers(app)
+    app.include_router(web_routes.router)
+    app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
+    web_routes.install(app)
+    install_error_handlers(app, html=web_routes.render_error)
     app.add_middleware(RequestGuard, max_body=settings.max_request_bytes)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ log = logging.getLogger("flowhook.api")
 STATUS: dict[type[errors.FlowhookError], int] = {
     errors.InvalidInput: 400,
     errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.PayloadTooLarge: 413,
@@ -71,11 +73,18 @@ def describe_validation_error(error: dict[str, Any]) -> tuple[str, str, str]:
     return f"{place}{field} {text}", "invalid_request", field
 
 
-def install_error_handlers(app: FastAPI) -> None:
+HtmlErrorPage = Callable[[Request, int, str], Awaitable[Response]]
+
+
+def install_error_handlers(app: FastAPI, html: HtmlErrorPage | None = None) -> None:
+    """JSON errors for the API; ``html`` renders them for pages outside ``/api/``."""
+
     @app.exception_handler(errors.FlowhookError)
-    async def _domain(_request: Request, exc: Exception) -> Response:
+    async def _domain(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, errors.FlowhookError)
         status = status_of(exc)
+        if html is not None and not request.url.path.startswith("/api/"):
+            return await html(request, status, exc.message)
         headers = {"Retry-After": "1"} if status == 503 else None
         return error_response(status, exc.message, exc.code, headers)
 
@@ -89,6 +98,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if html is not None and exc.status_code == 404 and not request.url.path.startswith("/api/"):
+            return await html(request, 404, "There is no page here.")
         if exc.status_code == 404:
             return error_response(404, f"no route {request.url.path}", "not_found")
         if exc.status_code == 405:

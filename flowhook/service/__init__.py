@@ -8,6 +8,7 @@ from flowhook.service.auth import KeyService, Principal
 from flowhook.service.flows import FlowService
 from flowhook.service.pagination import Page
 from flowhook.service.runs import RunService, Started
+from flowhook.service.sessions import SessionService
 from flowhook.service.webhooks import WebhookService
 from flowhook.store.db import Database
 from flowhook.store.wakeup import Wakeup
@@ -27,3 +28,4 @@ class Services:
         self.flows = FlowService(db, clock)
         self.runs = RunService(db, clock, wakeup)
         self.webhooks = WebhookService(db, clock, settings)
+        self.sessions = SessionService(db, clock, self.keys)

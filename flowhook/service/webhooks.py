@@ -211,6 +211,13 @@ class WebhookService:
             )
         return len(found)
 
+    async def health(self, who: Principal, endpoints: list[Endpoint]) -> dict[str, dict[str, int]]:
+        """Deliveries of the last 24 h per endpoint and status."""
+        async with self._db.read() as conn:
+            return await store.endpoint_stats(
+                conn, [e.id for e in endpoints], self._clock.now() - timedelta(hours=24)
+            )
+
     # Deliveries
 
     async def list_deliveries(

@@ -18,6 +18,7 @@ __all__ = [
     "find_key_by_hash",
     "list_keys",
     "revoke_key",
+    "get_key",
 ]
 
 
@@ -102,6 +103,13 @@ async def revoke_key(conn: AsyncConnection, key_id: str, now: datetime) -> ApiKe
         .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+    row = (
+        await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
+    ).first()
+    return _key(row) if row else None
+
+
+async def get_key(conn: AsyncConnection, key_id: str) -> ApiKey | None:
     row = (
         await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
     ).first()

@@ -33,6 +33,7 @@ __all__ = [
     "endpoint_events",
     "deliveries",
     "delivery_attempts",
+    "web_sessions",
 ]
 
 metadata = MetaData(
@@ -238,4 +239,17 @@ delivery_attempts = Table(
     Column("error_class", String(32)),
     Column("error_detail", Text),
     Column("next_attempt_at", UTCDateTime()),
+)
+
+web_sessions = Table(
+    "web_sessions",
+    metadata,
+    # SHA-256 of the cookie's random token: a leaked table cannot be replayed as cookies.
+    Column("token_hash", String(64), primary_key=True),
+    Column("key_id", String(40), nullable=False),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("csrf_token", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=False),
 )

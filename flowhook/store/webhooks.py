@@ -43,6 +43,7 @@ __all__ = [
     "mark_endpoint_health",
     "oldest_pending",
     "next_due_delivery",
+    "endpoint_stats",
 ]
 
 DELIVERY_CHANNEL = "flowhook_deliveries"
@@ -541,3 +542,20 @@ async def next_due_delivery(conn: AsyncConnection) -> datetime | None:
         return None
     assert isinstance(value, datetime)
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+async def endpoint_stats(
+    conn: AsyncConnection, endpoint_ids: Sequence[str], since: datetime
+) -> dict[str, dict[str, int]]:
+    """Deliveries per endpoint and status created since ``since``."""
+    stats: dict[str, dict[str, int]] = {i: {} for i in endpoint_ids}
+    if not endpoint_ids:
+        return stats
+    q = (
+        select(_D.endpoint_id, _D.status, func.count())
+        .where(_D.endpoint_id.in_(list(endpoint_ids)), _D.created_at >= since)
+        .group_by(_D.endpoint_id, _D.status)
+    )
+    for endpoint_id, status, n in (await conn.execute(q)).all():
+        stats[endpoint_id][status] = int(n)
+    return stats

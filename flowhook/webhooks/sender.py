@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 
 import aiohttp
 
-from flowhook.signing import standard_signature, x_service_signature
+from flowhook.signing import build_headers
 from flowhook.targets import TargetRefused, check_url
 
 __all__ = ["Result", "RETRYABLE", "EXCERPT_BYTES", "build_headers", "send"]
 
 EXCERPT_BYTES = 16 * 1024
 RETRYABLE = frozenset({"timeout", "connection", "dns", "tls", "http_5xx", "throttled"})
-USER_AGENT = "Flowhook-Webhooks/1"
 
 
 @dataclass(slots=True)
@@ -41,38 +39,6 @@ class Result:
     @property
     def retryable(self) -> bool:
         return self.error_class in RETRYABLE
-
-
-def build_headers(
-    *,
-    body: bytes,
-    event_id: str,
-    event_type: str,
-    delivery_id: str,
-    attempt: int,
-    secret: str,
-    previous_secret: str | None,
-    now: datetime,
-) -> dict[str, str]:
-    """Headers for one attempt. During a rotation (``previous_secret`` still valid),
-    ``X-Service-Signature`` stays on the previous secret and ``webhook-signature`` carries
-    signatures with both."""
-    timestamp = int(now.timestamp())
-    signatures = [standard_signature(secret, event_id, timestamp, body)]
-    if previous_secret:
-        signatures.append(standard_signature(previous_secret, event_id, timestamp, body))
-    return {
-        "Content-Type": "application/json",
-        "User-Agent": USER_AGENT,
-        "X-Service-Signature": x_service_signature(previous_secret or secret, body),
-        "X-Service-Event": event_type,
-        "X-Service-Event-Id": event_id,
-        "X-Service-Delivery-Id": delivery_id,
-        "X-Service-Attempt": str(attempt),
-        "webhook-id": event_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": " ".join(signatures),
-    }
 
 
 def _retry_after(value: str | None) -> float | None:

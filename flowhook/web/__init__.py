@@ -1,0 +1,1 @@
+"""The settings screen and run browser: server-rendered pages on the same process."""

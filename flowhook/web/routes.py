@@ -1,0 +1,413 @@
+"""Pages: sign in with an API key, Settings → Webhooks, deliveries, runs and flows.
+
+Every page reads through the same services as the API, as the session's workspace and mode;
+every form carries the session's CSRF token and is refused without it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from fastapi.templating import Jinja2Templates
+from starlette.responses import RedirectResponse, Response
+
+from flowhook.api.deps import ServicesDep
+from flowhook.clock import isoformat
+from flowhook.errors import Forbidden, InvalidInput, Unauthenticated
+from flowhook.events import EVENT_TYPES
+from flowhook.service import Principal, Services
+from flowhook.signing import build_headers, new_secret
+from flowhook.store.sessions import WebSession
+
+__all__ = ["router", "render_error", "COOKIE", "STATIC_DIR"]
+
+COOKIE = "flowhook_session"
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["ts"] = lambda v: isoformat(v).replace("T", " ")[:19] + " UTC" if v else "—"
+templates.env.filters["pretty"] = lambda v: json.dumps(
+    v, indent=2, ensure_ascii=False, sort_keys=False
+)
+templates.env.filters["prettyb"] = lambda b: json.dumps(
+    orjson.loads(b), indent=2, ensure_ascii=False
+)
+
+router = APIRouter(include_in_schema=False)
+
+
+class _SignIn(Exception):
+    pass
+
+
+class Page:
+    """The signed-in caller of a page."""
+
+    def __init__(
+        self, request: Request, services: Services, who: Principal, session: WebSession
+    ) -> None:
+        self.request = request
+        self.services = services
+        self.who = who
+        self.session = session
+
+    def render(self, template: str, code: int = 200, **context: Any) -> Response:
+        return templates.TemplateResponse(
+            self.request,
+            template,
+            {
+                "who": self.who,
+                "csrf": self.session.csrf_token,
+                "nav": template.split(".")[0],
+                **context,
+            },
+            status_code=code,
+        )
+
+    async def form(self) -> dict[str, list[str]]:
+        """The posted form, after its CSRF token is checked."""
+        body = (await self.request.body()).decode("utf-8", "replace")
+        fields = parse_qs(body, keep_blank_values=True)
+        try:
+            self.services.sessions.check_csrf(self.session, first(fields, "csrf") or None)
+        except Unauthenticated as exc:
+            raise Forbidden(exc.message) from None
+        return fields
+
+
+async def page(request: Request, services: ServicesDep) -> Page:
+    found = await services.sessions.resume(request.cookies.get(COOKIE))
+    if found is None:
+        raise _SignIn
+    return Page(request, services, *found)
+
+
+PageDep = Depends(page)
+
+
+def redirect(url: str) -> Response:
+    return RedirectResponse(url, status_code=303)
+
+
+def first(fields: dict[str, list[str]], name: str, default: str = "") -> str:
+    return (fields.get(name) or [default])[0]
+
+
+async def render_error(request: Request, status: int, message: str) -> Response:
+    if status == 401 and request.method == "GET":
+        return redirect("/signin")
+    return templates.TemplateResponse(
+        request,
+        "error.html",
+        {"status": status, "message": message, "who": None, "nav": ""},
+        status_code=status,
+    )
+
+
+async def _to_sign_in(_request: Request, _exc: Exception) -> Response:
+    return redirect("/signin")
+
+
+def install(app: Any) -> None:
+    app.add_exception_handler(_SignIn, _to_sign_in)
+
+
+# Sign in and out
+
+
+@router.get("/")
+async def home(request: Request, services: ServicesDep) -> Response:
+    found = await services.sessions.resume(request.cookies.get(COOKIE))
+    return redirect("/runs" if found else "/signin")
+
+
+@router.get("/signin")
+async def signin_form(request: Request) -> Response:
+    return templates.TemplateResponse(
+        request, "signin.html", {"who": None, "nav": "", "error": None}
+    )
+
+
+@router.post("/signin")
+async def signin(request: Request, services: ServicesDep) -> Response:
+    fields = parse_qs((await request.body()).decode("utf-8", "replace"))
+    key = first(fields, "api_key").strip()
+    try:
+        token, _session = await services.sessions.sign_in(key)
+    except Unauthenticated:
+        return templates.TemplateResponse(
+            request,
+            "signin.html",
+            {
+                "who": None,
+                "nav": "",
+                "error": "That key is not valid: paste a sandbox (sk_test_…) or live (sk_live_…) key.",
+            },
+            status_code=401,
+        )
+    response = redirect("/runs")
+    secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+    response.set_cookie(
+        COOKIE, token, httponly=True, samesite="lax", secure=secure, max_age=12 * 3600
+    )
+    return response
+
+
+@router.post("/signout")
+async def signout(p: Page = PageDep) -> Response:
+    await p.form()
+    await p.services.sessions.sign_out(p.request.cookies.get(COOKIE))
+    response = redirect("/signin")
+    response.delete_cookie(COOKIE)
+    return response
+
+
+# Settings → Webhooks
+
+
+@router.get("/settings/webhooks")
+async def webhooks(p: Page = PageDep) -> Response:
+    endpoints = (await p.services.webhooks.list_endpoints(p.who, limit=100, cursor=None)).data
+    health = await p.services.webhooks.health(p.who, endpoints)
+    return p.render(
+        "webhooks.html", endpoints=endpoints, health=health, events=EVENT_TYPES, error=None, form={}
+    )
+
+
+@router.post("/settings/webhooks")
+async def webhooks_create(p: Page = PageDep) -> Response:
+    fields = await p.form()
+    url, description, chosen = (
+        first(fields, "url").strip(),
+        first(fields, "description"),
+        fields.get("events", []),
+    )
+    try:
+        ep = await p.services.webhooks.create_endpoint(
+            p.who, url=url, events=chosen, description=description
+        )
+    except InvalidInput as exc:
+        endpoints = (await p.services.webhooks.list_endpoints(p.who, limit=100, cursor=None)).data
+        health = await p.services.webhooks.health(p.who, endpoints)
+        return p.render(
+            "webhooks.html", 400, endpoints=endpoints, health=health, events=EVENT_TYPES,
+            error=exc.message, form={"url": url, "description": description, "events": chosen},
+        )  # fmt: skip
+    return redirect(f"/settings/webhooks/{ep.id}?created=1")
+
+
+async def _endpoint_page(
+    p: Page,
+    endpoint_id: str,
+    *,
+    secret: bool = False,
+    notice: str | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> Response:
+    ep = await p.services.webhooks.get_endpoint(p.who, endpoint_id)
+    failed = await p.services.webhooks.list_deliveries(
+        p.who, limit=20, cursor=None, status="failed", endpoint_id=ep.id
+    )
+    health = (await p.services.webhooks.health(p.who, [ep]))[ep.id]
+    created = p.request.query_params.get("created") == "1"
+    return p.render(
+        "endpoint.html", status, ep=ep, events=EVENT_TYPES, show_secret=secret or created, created=created,
+        failed=failed.data, health=health, notice=notice, error=error,
+    )  # fmt: skip
+
+
+@router.get("/settings/webhooks/{endpoint_id}")
+async def endpoint(endpoint_id: str, p: Page = PageDep) -> Response:
+    return await _endpoint_page(p, endpoint_id)
+
+
+@router.post("/settings/webhooks/{endpoint_id}")
+async def endpoint_action(endpoint_id: str, p: Page = PageDep) -> Response:
+    fields = await p.form()
+    action = first(fields, "action")
+    hooks = p.services.webhooks
+    try:
+        if action == "events":
+            await hooks.update_endpoint(
+                p.who,
+                endpoint_id,
+                {"events": fields.get("events", []), "url": first(fields, "url") or None},
+            )
+            return await _endpoint_page(p, endpoint_id, notice="Saved.")
+        if action in ("enable", "disable"):
+            await hooks.update_endpoint(p.who, endpoint_id, {"enabled": action == "enable"})
+            return await _endpoint_page(
+                p, endpoint_id, notice="Enabled." if action == "enable" else "Disabled."
+            )
+        if action == "delete":
+            await hooks.delete_endpoint(p.who, endpoint_id)
+            return redirect("/settings/webhooks")
+        if action == "reveal":
+            return await _endpoint_page(p, endpoint_id, secret=True)
+        if action == "rotate":
+            await hooks.rotate_secret(p.who, endpoint_id)
+            return await _endpoint_page(
+                p,
+                endpoint_id,
+                secret=True,
+                notice="New secret made; the old one keeps signing for 24 h.",
+            )
+        if action == "test":
+            await hooks.send_test(p.who, endpoint_id)
+            return await _endpoint_page(p, endpoint_id, notice="Test event queued.")
+        if action == "recover":
+            since = datetime.fromisoformat(first(fields, "since")).replace(tzinfo=UTC)
+            done = await hooks.recover(p.who, endpoint_id, since)
+            return await _endpoint_page(
+                p,
+                endpoint_id,
+                notice=f"Replaying {len(done.replayed)} failed deliveries ({done.skipped} already delivered).",
+            )
+    except InvalidInput as exc:
+        return await _endpoint_page(p, endpoint_id, error=exc.message, status=400)
+    except ValueError:
+        return await _endpoint_page(
+            p, endpoint_id, error="Pick a date and time to replay from.", status=400
+        )
+    return await _endpoint_page(p, endpoint_id, error=f"Unknown action {action!r}.", status=400)
+
+
+# Deliveries
+
+
+@router.get("/deliveries")
+async def deliveries(p: Page = PageDep) -> Response:
+    q = p.request.query_params
+    status = q.get("status", "failed")
+    endpoint_id, event = q.get("endpoint_id") or None, q.get("event") or None
+    page_ = await p.services.webhooks.list_deliveries(
+        p.who, limit=50, cursor=q.get("cursor") or None, status=status if status != "all" else None,
+        endpoint_id=endpoint_id, event=event,
+    )  # fmt: skip
+    endpoints = (await p.services.webhooks.list_endpoints(p.who, limit=100, cursor=None)).data
+    more = None
+    if page_.next_cursor:
+        more = "/deliveries?" + urlencode({**dict(q), "cursor": page_.next_cursor})
+    return p.render(
+        "deliveries.html", rows=page_.data, status=status, endpoint_id=endpoint_id or "", event=event or "",
+        endpoints=endpoints, events=EVENT_TYPES, more=more,
+    )  # fmt: skip
+
+
+@router.get("/deliveries/{delivery_id}")
+async def delivery(delivery_id: str, p: Page = PageDep) -> Response:
+    d, event = await p.services.webhooks.get_delivery(p.who, delivery_id)
+    headers = None
+    if event is not None:
+        sample = build_headers(
+            body=event.body, event_id=event.id, event_type=event.type, delivery_id=d.id,
+            attempt=max(d.attempts, 1), secret=new_secret(), previous_secret=None,
+            now=d.attempt_log[-1].started_at if d.attempt_log else d.created_at,
+        )  # fmt: skip
+        headers = "\n".join(
+            f"{k}: {'(signature)' if 'ignature' in k else v}" for k, v in sample.items()
+        )
+    return p.render(
+        "delivery.html",
+        d=d,
+        event=event,
+        headers=headers,
+        notice=p.request.query_params.get("notice"),
+    )
+
+
+@router.post("/deliveries/{delivery_id}/replay")
+async def delivery_replay(delivery_id: str, p: Page = PageDep) -> Response:
+    await p.form()
+    copy = await p.services.webhooks.replay(p.who, delivery_id)
+    return redirect(f"/deliveries/{copy.id}?notice=Replay+queued")
+
+
+# Runs
+
+
+@router.get("/runs")
+async def runs(p: Page = PageDep) -> Response:
+    q = p.request.query_params
+    status = q.get("status") or None
+    page_ = await p.services.runs.list(
+        p.who,
+        limit=50,
+        cursor=q.get("cursor") or None,
+        status=status,
+        flow_id=q.get("flow_id") or None,
+    )
+    more = (
+        "/runs?" + urlencode({**dict(q), "cursor": page_.next_cursor})
+        if page_.next_cursor
+        else None
+    )
+    template = "runs_table.html" if q.get("partial") else "runs.html"
+    return p.render(template, rows=page_.data, status=status or "", more=more)
+
+
+@router.get("/runs/{run_id}")
+async def run(run_id: str, p: Page = PageDep) -> Response:
+    r = await p.services.runs.get(p.who, run_id)
+    events = await p.services.runs.events(p.who, run_id)
+    sent = await p.services.webhooks.list_deliveries(p.who, limit=100, cursor=None, run_id=run_id)
+    template = "run_body.html" if p.request.query_params.get("partial") else "run.html"
+    return p.render(
+        template,
+        r=r,
+        events=events,
+        deliveries=sent.data,
+        notice=p.request.query_params.get("notice"),
+    )
+
+
+@router.post("/runs/{run_id}/cancel")
+async def run_cancel(run_id: str, p: Page = PageDep) -> Response:
+    await p.form()
+    await p.services.runs.cancel(p.who, run_id)
+    return redirect(f"/runs/{run_id}?notice=Cancel+requested")
+
+
+# Flows
+
+
+@router.get("/flows")
+async def flows(p: Page = PageDep) -> Response:
+    page_ = await p.services.flows.list(p.who, limit=100, cursor=None)
+    return p.render("flows.html", rows=page_.data)
+
+
+@router.get("/flows/{flow_id}")
+async def flow(flow_id: str, p: Page = PageDep) -> Response:
+    version = p.request.query_params.get("version")
+    f = await p.services.flows.get(
+        p.who, flow_id, int(version) if version and version.isdigit() else None
+    )
+    versions = await p.services.flows.versions(p.who, flow_id)
+    return p.render("flow.html", f=f, versions=versions, error=None, payload="{\n  \n}")
+
+
+@router.post("/flows/{flow_id}/start")
+async def flow_start(flow_id: str, p: Page = PageDep) -> Response:
+    fields = await p.form()
+    text = first(fields, "payload", "{}") or "{}"
+    error = None
+    try:
+        payload = json.loads(text)
+        if not isinstance(payload, dict):
+            error = 'The payload must be a JSON object, such as {"order_id": "ord_123"}.'
+    except json.JSONDecodeError as exc:
+        error = f"The payload is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+    if error is None:
+        started = await p.services.runs.start(p.who, flow_id=flow_id, payload=payload)
+        return redirect(f"/runs/{started.run.run_id}")
+    f = await p.services.flows.get(p.who, flow_id)
+    versions = await p.services.flows.versions(p.who, flow_id)
+    return p.render("flow.html", 400, f=f, versions=versions, error=error, payload=text)

@@ -1,0 +1,66 @@
+// Small progressive enhancements; every page works without them.
+(() => {
+  // Confirm before destructive actions.
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("[data-confirm]");
+    if (button && !window.confirm(button.dataset.confirm)) event.preventDefault();
+  });
+
+  // Copy a secret to the clipboard.
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("[data-copy]");
+    if (!button) return;
+    const source = document.querySelector(button.dataset.copy);
+    try {
+      await navigator.clipboard.writeText(source.textContent.trim());
+      button.textContent = "Copied";
+    } catch {
+      const range = document.createRange();
+      range.selectNodeContents(source);
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+      button.textContent = "Press Ctrl+C";
+    }
+  });
+
+  // Validate a JSON payload before the form is sent.
+  for (const form of document.querySelectorAll("form[data-json-field]")) {
+    const field = form.elements[form.dataset.jsonField];
+    const message = document.getElementById(field.id + "-error");
+    form.addEventListener("submit", (event) => {
+      let value;
+      try {
+        value = JSON.parse(field.value.trim() || "{}");
+      } catch (error) {
+        event.preventDefault();
+        message.textContent = "The payload is not valid JSON: " + error.message;
+        message.hidden = false;
+        field.focus();
+        return;
+      }
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        event.preventDefault();
+        message.textContent = 'The payload must be a JSON object, such as {"order_id": "ord_123"}.';
+        message.hidden = false;
+        field.focus();
+      }
+    });
+  }
+
+  // Refresh live parts of a page (run lists, a running run) every 2 s.
+  for (const element of document.querySelectorAll("[data-refresh]")) {
+    const refresh = async () => {
+      try {
+        const response = await fetch(element.dataset.refresh, { credentials: "same-origin" });
+        if (!response.ok) return;
+        element.innerHTML = await response.text();
+        const status = element.querySelector("#run-status");
+        if (status && !["queued", "running"].includes(status.dataset.status)) return; // finished
+      } catch {
+        /* try again on the next tick */
+      }
+      setTimeout(refresh, 2000);
+    };
+    setTimeout(refresh, 2000);
+  }
+})();

@@ -1,0 +1,225 @@
+"""The settings screen and run browser in a real browser (Playwright driving Debian's
+Chromium) against a real `flowhook serve` and a real webhook receiver. Screenshots of each
+page are saved under test-artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+
+from tests.support import Server, serve
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "test-artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+
+class Hook(BaseHTTPRequestHandler):
+    status: ClassVar[int] = 200
+    seen: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        Hook.seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(Hook.status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"receiver": "says %d"}' % Hook.status)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    Hook.status, Hook.seen = 200, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[Server]:
+    env = {
+        "FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "FLOWHOOK_WEBHOOK_RETRY_SCHEDULE": "0.2,0.2,0.2",
+        "FLOWHOOK_LOG_LEVEL": "warning",
+    }
+    with serve(tmp_path, f"sqlite:///{tmp_path / 'ui.db'}", **env) as server:
+        yield server
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: apt-get install -y chromium (.ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        tab = context.new_page()
+        tab.set_default_timeout(15_000)
+        tab.on("dialog", lambda dialog: dialog.accept())
+        yield tab
+        context.close()
+        browser.close()
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def reload_until(page: Any, check: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen on {page.url}:\n{page.inner_text('main')}")
+        time.sleep(0.3)
+        page.reload()
+
+
+def test_settings_screen_end_to_end(app: Server, receiver: str, page: Any) -> None:
+    base = app.base
+    key, live_key = app.value("sandbox key"), app.value("live key")
+    flow_id = app.value("example flow")
+
+    # Sign in with the sandbox key.
+    page.goto(base + "/")
+    shot(page, "01-sign-in")
+    page.fill("#api_key", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs$"))
+    assert page.inner_text(".mode") == "SANDBOX" or page.inner_text(".mode").lower() == "sandbox"
+    shot(page, "02-runs-empty")
+
+    # Add an endpoint choosing two events.
+    page.click("text=Webhooks")
+    page.fill("#url", receiver)
+    page.check("input[value='flow.completed']")
+    page.check("input[value='flow.failed']")
+    shot(page, "03-add-endpoint")
+    page.click("text=Add endpoint")
+    page.wait_for_url(re.compile(r"/settings/webhooks/ep_"))
+    assert page.inner_text("#secret").startswith("whsec_")
+    shot(page, "04-endpoint")
+    page.click("a:has-text('Webhooks')")
+    assert "flow.completed" in page.inner_text("table") and "flow.failed" in page.inner_text(
+        "table"
+    )
+    shot(page, "05-webhooks")
+
+    # Start a run from the UI; the JSON editor refuses a bad payload first.
+    page.goto(f"{base}/flows/{flow_id}")
+    page.fill("#payload", '{"order_id": ')
+    page.click("text=Start run")
+    assert "not valid JSON" in page.inner_text("#payload-error")
+    page.fill("#payload", json.dumps({"order_id": "ord_ui", "amount": 10}))
+    shot(page, "06-flow")
+    page.click("text=Start run")
+    page.wait_for_url(re.compile(r"/runs/run_"))
+    page.wait_for_selector("#run-status[data-status=completed]")
+    reload_until(page, lambda: page.locator("a.pill.ok:has-text('succeeded')").count() > 0)
+    assert "check" in page.inner_text(".timeline") and "summary" in page.inner_text(".timeline")
+    shot(page, "07-run-completed")
+
+    # The receiver fails: the failed delivery shows its status and error.
+    Hook.status = 500
+    page.goto(f"{base}/flows/{flow_id}")
+    page.fill("#payload", json.dumps({"order_id": "ord_down", "amount": 1}))
+    page.click("text=Start run")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    page.goto(base + "/deliveries")
+    reload_until(page, lambda: "http_5xx" in page.inner_text("main"))
+    row = page.locator("tr", has_text="http_5xx").first
+    assert "500" in row.inner_text() and "failed" in row.inner_text()
+    shot(page, "08-deliveries-failed")
+    row.locator("a").first.click()
+    assert page.locator("td:has-text('500')").count() >= 1
+    shot(page, "09-delivery-detail")
+
+    # The receiver recovers; replay succeeds.
+    Hook.status = 200
+    page.click("button:has-text('Replay')")
+    page.wait_for_url(re.compile(r"/deliveries/dlv_"))
+    reload_until(page, lambda: page.inner_text("#delivery-status") == "succeeded")
+    shot(page, "10-replayed")
+
+    # Cancel a running run.
+    api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"})
+    slow = api.post(
+        "/api/v1/flows",
+        json={"name": "Slow", "steps": [{"id": "wait", "type": "delay", "seconds": 120}]},
+    )
+    page.goto(f"{base}/flows/{slow.json()['flow_id']}")
+    page.click("text=Start run")
+    page.wait_for_url(re.compile(r"/runs/run_"))
+    run_url = page.url
+    reload_until(
+        page,
+        lambda: (
+            "waiting" in page.inner_text(".timeline")
+            if page.locator(".timeline").count()
+            else False
+        ),
+    )
+    page.click("button:has-text('Cancel run')")
+    page.goto(run_url)
+    reload_until(page, lambda: page.get_attribute("#run-status", "data-status") == "cancelled")
+    shot(page, "11-run-cancelled")
+    page.goto(base + "/runs")
+    shot(page, "12-runs")
+
+    # A form post without its CSRF token is refused.
+    forged = page.request.post(
+        base + "/settings/webhooks", form={"url": receiver, "events": "flow.failed"}
+    )
+    assert forged.status == 403
+    # A sandbox session cannot open a live run by URL.
+    live = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {live_key}"})
+    live_flow = live.post(
+        "/api/v1/flows",
+        json={"name": "L", "steps": [{"id": "a", "type": "transform", "output": {}}]},
+    ).json()
+    live_run = live.post("/api/v1/flows/execute", json={"flow_id": live_flow["flow_id"]}).json()[
+        "run_id"
+    ]
+    response = page.goto(f"{base}/runs/{live_run}")
+    assert response is not None and response.status == 404
+    shot(page, "13-not-found")
+    # Signing out ends the session.
+    page.goto(base + "/runs")
+    page.click("text=Sign out")
+    page.wait_for_url(re.compile(r"/signin$"))
+    page.goto(base + "/settings/webhooks")
+    assert page.url.endswith("/signin")
+    api.close()
+    live.close()
+
+
+def test_phone_width_is_readable(app: Server, page: Any) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(app.base + "/signin")
+    page.fill("#api_key", app.value("sandbox key"))
+    page.click("button[type=submit]")
+    page.goto(app.base + "/settings/webhooks")
+    shot(page, "14-phone-webhooks")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 400, f"page is {width}px wide on a 390px screen"
