@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ TRIGGERS = ("api",)
 """Triggers a caller may name; ``webhook`` and ``schedule`` are set by the service itself."""
 
 IDEMPOTENCY_WINDOW = timedelta(hours=24)
+MAX_WAIT = 60.0
+LONG_POLL_INTERVAL = 0.1
 MAX_IDEMPOTENCY_KEY = 255
 
 
@@ -180,6 +183,18 @@ class RunService:
         if run is None:
             raise _run_not_found(run_id)
         return run
+
+    async def wait_for(self, who: Principal, run_id: str, seconds: float) -> Run:
+        """Long-poll: the run as soon as it is terminal, or as it is after ``seconds``."""
+        if not 0 <= seconds <= MAX_WAIT:
+            raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds", field="wait")
+        deadline = asyncio.get_running_loop().time() + seconds
+        while True:
+            run = await self.get(who, run_id)
+            left = deadline - asyncio.get_running_loop().time()
+            if run.status.terminal or left <= 0:
+                return run
+            await asyncio.sleep(min(LONG_POLL_INTERVAL, left))
 
     async def events(self, who: Principal, run_id: str) -> list[Event]:
         await self.get(who, run_id)

@@ -80,7 +80,19 @@ async def list_runs(
     summary="Read a run",
     responses={200: {"model": RunRecord}, **_ERRORS},
 )
-async def get_run(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
+async def get_run(
+    run_id: str,
+    services: ServicesDep,
+    who: CallerDep,
+    wait: float | None = Query(
+        None,
+        ge=0,
+        le=60,
+        description="Long-poll: answer when the run is terminal, or after this many seconds.",
+    ),
+) -> Response:
+    if wait:
+        return ORJSONResponse(run_record(await services.runs.wait_for(who, run_id, wait)))
     return ORJSONResponse(run_record(await services.runs.get(who, run_id)))
 
 

@@ -1,0 +1,70 @@
+"""The catalogue of API calls, shared by :class:`Client` and :class:`AsyncClient`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowhook.client._core import Call
+
+__all__ = [
+    "execute", "get_run", "list_runs", "cancel", "create_flow", "update_flow", "get_flow",
+    "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
+]  # fmt: skip
+
+
+def execute(flow_id: str, payload: dict[str, Any] | None, idempotency_key: str | None) -> Call:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    body = {"flow_id": flow_id, "trigger": "api", "payload": payload or {}}
+    return Call("POST", "/flows/execute", json=body, headers=headers)
+
+
+def get_run(run_id: str, wait: float | None = None) -> Call:
+    return Call("GET", f"/flows/runs/{run_id}", params={"wait": wait} if wait else None)
+
+
+def list_runs(flow_id: str | None, status: str | None, limit: int, cursor: str | None) -> Call:
+    return Call(
+        "GET",
+        "/flows/runs",
+        params={"flow_id": flow_id, "status": status, "limit": limit, "cursor": cursor},
+    )
+
+
+def cancel(run_id: str) -> Call:
+    return Call("POST", f"/flows/runs/{run_id}/cancel")
+
+
+def create_flow(definition: dict[str, Any]) -> Call:
+    return Call("POST", "/flows", json=definition)
+
+
+def update_flow(flow_id: str, definition: dict[str, Any]) -> Call:
+    return Call("PUT", f"/flows/{flow_id}", json=definition)
+
+
+def get_flow(flow_id: str) -> Call:
+    return Call("GET", f"/flows/{flow_id}")
+
+
+def list_flows(limit: int, cursor: str | None) -> Call:
+    return Call("GET", "/flows", params={"limit": limit, "cursor": cursor})
+
+
+def create_endpoint(url: str, events: list[str], description: str) -> Call:
+    return Call(
+        "POST",
+        "/webhooks/endpoints",
+        json={"url": url, "events": events, "description": description},
+    )
+
+
+def list_endpoints(limit: int) -> Call:
+    return Call("GET", "/webhooks/endpoints", params={"limit": limit})
+
+
+def list_deliveries(status: str | None, limit: int) -> Call:
+    return Call("GET", "/webhooks/deliveries", params={"status": status, "limit": limit})
+
+
+def replay_delivery(delivery_id: str) -> Call:
+    return Call("POST", f"/webhooks/deliveries/{delivery_id}/replay")

@@ -1,0 +1,200 @@
+"""``Client`` (sync) and ``AsyncClient``: the same methods over httpx's twins."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from flowhook.client import _calls as calls
+from flowhook.client._core import Call, Run, RunAccepted, api_base, check
+from flowhook.client._errors import WaitTimeout
+
+__all__ = ["Client", "AsyncClient"]
+
+USER_AGENT = "flowhook-python"
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT}
+
+
+class Client:
+    """A Flowhook API client. ``base_url`` is the server's root or its ``/api/v1`` URL."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=api_base(base_url),
+            headers=_headers(api_key),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call) -> Any:
+        return check(self._http.request(call.method, call.path, **call.request_kwargs()))
+
+    def execute(
+        self,
+        flow_id: str,
+        payload: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunAccepted:
+        """Start a run (SPEC §4.1); the same ``idempotency_key`` and payload give the same run."""
+        return RunAccepted(**self._send(calls.execute(flow_id, payload, idempotency_key)))
+
+    def get_run(self, run_id: str) -> Run:
+        return Run.from_json(self._send(calls.get_run(run_id)))
+
+    def wait(self, run_id: str, interval: float = 2.0, max_attempts: int = 30) -> Run:
+        """Poll as SPEC §4.2 shows (every ``interval`` s, at most ``max_attempts`` times) until
+        the run is completed, failed or cancelled; raises :class:`WaitTimeout` otherwise."""
+        run = self.get_run(run_id)
+        for attempt in range(1, max_attempts + 1):
+            if run.terminal:
+                return run
+            if attempt == max_attempts:
+                break
+            time.sleep(interval)
+            run = self.get_run(run_id)
+        raise WaitTimeout(run_id, max_attempts, run.status)
+
+    def list_runs(
+        self,
+        *,
+        flow_id: str | None = None,
+        status: str | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+    ) -> list[Run]:
+        return [
+            Run.from_json(r)
+            for r in self._send(calls.list_runs(flow_id, status, limit, cursor))["data"]
+        ]
+
+    def cancel(self, run_id: str) -> Run:
+        return Run.from_json(self._send(calls.cancel(run_id)))
+
+    def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._send(calls.create_flow(definition)))
+
+    def update_flow(self, flow_id: str, definition: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._send(calls.update_flow(flow_id, definition)))
+
+    def get_flow(self, flow_id: str) -> dict[str, Any]:
+        return dict(self._send(calls.get_flow(flow_id)))
+
+    def list_flows(self, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_flows(limit, cursor))["data"])
+
+    def create_endpoint(self, url: str, events: list[str], description: str = "") -> dict[str, Any]:
+        """Register a webhook endpoint; the answer carries its ``secret`` (shown once)."""
+        return dict(self._send(calls.create_endpoint(url, events, description)))
+
+    def list_endpoints(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_endpoints(limit))["data"])
+
+    def list_deliveries(
+        self, *, status: str | None = None, limit: int = 20
+    ) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_deliveries(status, limit))["data"])
+
+    def replay_delivery(self, delivery_id: str) -> dict[str, Any]:
+        return dict(self._send(calls.replay_delivery(delivery_id)))
+
+
+class AsyncClient:
+    """:class:`Client` for asyncio: the same methods, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=api_base(base_url),
+            headers=_headers(api_key),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: Call) -> Any:
+        return check(await self._http.request(call.method, call.path, **call.request_kwargs()))
+
+    async def execute(
+        self,
+        flow_id: str,
+        payload: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunAccepted:
+        return RunAccepted(**await self._send(calls.execute(flow_id, payload, idempotency_key)))
+
+    async def get_run(self, run_id: str) -> Run:
+        return Run.from_json(await self._send(calls.get_run(run_id)))
+
+    async def wait(self, run_id: str, interval: float = 2.0, max_attempts: int = 30) -> Run:
+        run = await self.get_run(run_id)
+        for attempt in range(1, max_attempts + 1):
+            if run.terminal:
+                return run
+            if attempt == max_attempts:
+                break
+            await asyncio.sleep(interval)
+            run = await self.get_run(run_id)
+        raise WaitTimeout(run_id, max_attempts, run.status)
+
+    async def list_runs(
+        self,
+        *,
+        flow_id: str | None = None,
+        status: str | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+    ) -> list[Run]:
+        body = await self._send(calls.list_runs(flow_id, status, limit, cursor))
+        return [Run.from_json(r) for r in body["data"]]
+
+    async def cancel(self, run_id: str) -> Run:
+        return Run.from_json(await self._send(calls.cancel(run_id)))
+
+    async def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
+        return dict(await self._send(calls.create_flow(definition)))
+
+    async def create_endpoint(
+        self, url: str, events: list[str], description: str = ""
+    ) -> dict[str, Any]:
+        return dict(await self._send(calls.create_endpoint(url, events, description)))
+
+    async def list_deliveries(
+        self, *, status: str | None = None, limit: int = 20
+    ) -> list[dict[str, Any]]:
+        return list((await self._send(calls.list_deliveries(status, limit)))["data"])

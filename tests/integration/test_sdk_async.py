@@ -1,0 +1,27 @@
+"""The async SDK over the ASGI app (httpx transport passed in, nothing patched)."""
+
+from __future__ import annotations
+
+import httpx
+
+from flowhook.client import AsyncClient
+from tests.conftest import Api
+
+
+async def test_async_client_round_trip(api: Api) -> None:
+    transport = httpx.ASGITransport(app=api.app)
+    async with AsyncClient("http://flowhook.test", api.keys["test"], transport=transport) as client:
+        flow = await client.create_flow(
+            {
+                "name": "a",
+                "steps": [{"id": "x", "type": "transform", "output": {"v": "{{ payload.v }}"}}],
+            }
+        )
+        accepted = await client.execute(flow["flow_id"], {"v": 7})
+        run = await client.wait(accepted.run_id, interval=0.02, max_attempts=200)
+        assert (run.status, run.steps[0]["output"]) == ("completed", {"v": 7})
+        assert [r.run_id for r in await client.list_runs()] == [accepted.run_id]
+    async with AsyncClient(
+        "http://flowhook.test/api/v1/", api.keys["live"], transport=transport
+    ) as live:
+        assert await live.list_runs() == []
