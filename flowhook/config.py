@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535)
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
     log_level: str = "info"
+    public_url: str | None = None
+    """The base URL people reach this service at (for inbound hook URLs); default: the request's."""
 
     # Engine
     worker_concurrency: int = Field(default=64, ge=1)

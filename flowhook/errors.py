@@ -24,6 +24,7 @@ __all__ = [
     "Conflict",
     "IdempotencyConflict",
     "PayloadTooLarge",
+    "RateLimited",
     "UnsupportedMediaType",
     "StoreUnavailable",
 ]
@@ -71,6 +72,14 @@ class Conflict(FlowhookError):
 
 class IdempotencyConflict(Conflict):
     code = "idempotency_conflict"
+
+
+class RateLimited(FlowhookError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class PayloadTooLarge(FlowhookError):

@@ -12,7 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
-from flowhook.api.routes import flows, runs, system, webhooks
+from flowhook.api.routes import flows, hooks, runs, system, webhooks
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings, parse_duration
 from flowhook.engine.worker import Worker
@@ -121,6 +121,7 @@ def create_app(
     app.include_router(runs.router, prefix="/api/v1")
     app.include_router(flows.router, prefix="/api/v1")
     app.include_router(webhooks.router, prefix="/api/v1")
+    app.include_router(hooks.router, prefix="/api/v1")
     app.include_router(web_routes.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ STATUS: dict[type[errors.FlowhookError], int] = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.PayloadTooLarge: 413,
+    errors.RateLimited: 429,
     errors.UnsupportedMediaType: 415,
     errors.StoreUnavailable: 503,
 }
@@ -86,6 +88,8 @@ def install_error_handlers(app: FastAPI, html: HtmlErrorPage | None = None) -> N
         if html is not None and not request.url.path.startswith("/api/"):
             return await html(request, status, exc.message)
         headers = {"Retry-After": "1"} if status == 503 else None
+        if isinstance(exc, errors.RateLimited):
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
         return error_response(status, exc.message, exc.code, headers)
 
     @app.exception_handler(RequestValidationError)

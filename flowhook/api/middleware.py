@@ -4,6 +4,7 @@ unexpected errors (one log line with the request id; a 500 with no internals).""
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,6 +23,10 @@ class _TooLarge(StarletteHTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body over the limit of {limit} bytes")
+
+
+_PUBLIC_HOOK = re.compile(r"^/api/v1/hooks/hk_[0-9a-z]+/?$")
+"""Inbound hooks take any body (forms, text) from the sender."""
 
 
 def _is_json(content_type: str) -> bool:
@@ -77,9 +82,10 @@ class RequestGuard:
                         "payload_too_large",
                     )
                     return
-            if scope["path"].startswith(self.json_prefix) and not _is_json(
-                headers.get("content-type", "")
-            ):
+            wants_json = scope["path"].startswith(self.json_prefix) and not _PUBLIC_HOOK.match(
+                scope["path"]
+            )
+            if wants_json and not _is_json(headers.get("content-type", "")):
                 await reply(
                     415,
                     "send the request body as JSON with Content-Type: application/json",

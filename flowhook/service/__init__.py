@@ -6,6 +6,7 @@ from flowhook.clock import Clock
 from flowhook.config import Settings
 from flowhook.service.auth import KeyService, Principal
 from flowhook.service.flows import FlowService
+from flowhook.service.hooks import HookService
 from flowhook.service.pagination import Page
 from flowhook.service.runs import RunService, Started
 from flowhook.service.sessions import SessionService
@@ -29,3 +30,4 @@ class Services:
         self.runs = RunService(db, clock, wakeup)
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
+        self.hooks = HookService(db, clock)

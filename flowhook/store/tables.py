@@ -34,6 +34,8 @@ __all__ = [
     "deliveries",
     "delivery_attempts",
     "web_sessions",
+    "inbound_hooks",
+    "inbound_dedup",
 ]
 
 metadata = MetaData(
@@ -252,4 +254,29 @@ web_sessions = Table(
     Column("csrf_token", String(64), nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("expires_at", UTCDateTime(), nullable=False),
+)
+
+inbound_hooks = Table(
+    "inbound_hooks",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("flow_id", String(40), nullable=False),
+    # {"type": "hmac", "header", "encoding": "hex"|"base64", "secret"} or
+    # {"type": "standard", "secret"}; null: anyone with the URL may post.
+    Column("verify", JSONType),
+    Column("dedup_header", String(100)),
+    Column("rate_limit", Integer, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index(None, "workspace_id", "mode", "id"),
+)
+
+inbound_dedup = Table(
+    "inbound_dedup",
+    metadata,
+    Column("hook_id", String(40), primary_key=True),
+    Column("delivery_key", String(200), primary_key=True),
+    Column("run_id", String(40), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
 )

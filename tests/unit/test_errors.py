@@ -9,7 +9,7 @@ def test_every_domain_error_has_a_status() -> None:
     assert status_of(errors.IdempotencyConflict("x")) == 409
     assert status_of(errors.StoreUnavailable("x")) == 503
     assert status_of(errors.FlowhookError("x")) == 500
-    assert set(STATUS.values()) == {400, 401, 403, 404, 409, 413, 415, 503}
+    assert set(STATUS.values()) == {400, 401, 403, 404, 409, 413, 415, 429, 503}
 
 
 def test_validation_errors_name_the_field() -> None:

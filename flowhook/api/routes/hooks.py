@@ -1,0 +1,123 @@
+"""Inbound hooks: managed with a key; the public URL takes POSTs from anyone holding it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from flowhook.api.deps import CallerDep, ServicesDep
+from flowhook.api.models import ErrorBody, ts
+from flowhook.api.responses import ORJSONResponse
+from flowhook.store.hooks import Hook
+
+router = APIRouter(tags=["hooks"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 429, 503)
+}
+
+
+class HookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flow_id: str
+    verify: dict[str, Any] | None = Field(
+        default=None,
+        description='{"type": "hmac", "header": "X-Signature", "encoding": "hex"|"base64", "secret"?} '
+        'or {"type": "standard", "secret"?: "whsec_…"}; a secret is made when none is given.',
+    )
+    dedup_header: str | None = Field(
+        default=None, max_length=100, description="A provider's delivery id header."
+    )
+    rate_limit: int = Field(default=600, ge=1, le=100_000, description="Arrivals a minute.")
+
+
+def hook_url(request: Request, hook_id: str) -> str:
+    base = request.app.state.services.settings.public_url or str(request.base_url)
+    return f"{base.rstrip('/')}/api/v1/hooks/{hook_id}"
+
+
+def hook_record(request: Request, hook: Hook, *, with_secret: bool = False) -> dict[str, Any]:
+    verify = None
+    if hook.verify:
+        verify = {k: v for k, v in hook.verify.items() if k != "secret" or with_secret}
+    return {
+        "id": hook.id,
+        "url": hook_url(request, hook.id),
+        "flow_id": hook.flow_id,
+        "verify": verify,
+        "dedup_header": hook.dedup_header,
+        "rate_limit": hook.rate_limit,
+        "created_at": ts(hook.created_at),
+    }
+
+
+@router.post("/hooks", status_code=201, summary="Create an inbound hook", responses=_ERRORS)
+async def create_hook(
+    body: HookCreate, request: Request, services: ServicesDep, who: CallerDep
+) -> Response:
+    hook = await services.hooks.create(
+        who,
+        flow_id=body.flow_id,
+        verify=body.verify,
+        dedup_header=body.dedup_header,
+        rate_limit=body.rate_limit,
+    )
+    return ORJSONResponse(hook_record(request, hook, with_secret=True), status_code=201)
+
+
+@router.get("/hooks", summary="List inbound hooks", responses=_ERRORS)
+async def list_hooks(
+    request: Request,
+    services: ServicesDep,
+    who: CallerDep,
+    limit: int = Query(20, ge=1, le=100),
+    cursor: str | None = None,
+) -> Response:
+    page = await services.hooks.list(who, limit=limit, cursor=cursor)
+    return ORJSONResponse(
+        {"data": [hook_record(request, h) for h in page.data], "next_cursor": page.next_cursor}
+    )
+
+
+@router.get("/hooks/{hook_id}", summary="Read an inbound hook", responses=_ERRORS)
+async def get_hook(
+    hook_id: str, request: Request, services: ServicesDep, who: CallerDep
+) -> Response:
+    return ORJSONResponse(hook_record(request, await services.hooks.get(who, hook_id)))
+
+
+@router.delete(
+    "/hooks/{hook_id}", status_code=204, summary="Delete an inbound hook", responses=_ERRORS
+)
+async def delete_hook(hook_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    await services.hooks.delete(who, hook_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/hooks/{hook_id}/rotate", summary="Move the hook to a new URL (and secret)", responses=_ERRORS
+)
+async def rotate_hook(
+    hook_id: str, request: Request, services: ServicesDep, who: CallerDep
+) -> Response:
+    hook = await services.hooks.rotate(who, hook_id)
+    return ORJSONResponse(hook_record(request, hook, with_secret=True))
+
+
+@router.post(
+    "/hooks/{hook_id}",
+    status_code=202,
+    summary="Public: deliver to an inbound hook (no API key)",
+    description='JSON becomes the run\'s payload, a form an object, anything else {"body": text}.',
+    responses=_ERRORS,
+)
+async def receive(hook_id: str, request: Request, services: ServicesDep) -> Response:
+    body = await request.body()
+    arrival = await services.hooks.receive(
+        hook_id, body, request.headers.get("content-type", ""), request.headers
+    )
+    answer = {"run_id": arrival.run_id, "status": "queued", "duplicate": arrival.duplicate}
+    return ORJSONResponse(answer, status_code=200 if arrival.duplicate else 202)

@@ -1,0 +1,302 @@
+"""Inbound webhooks: a public URL bound to a flow. Every arrival raises ``webhook.delivered``
+(accepted or not, and why); an accepted one also raises ``webhook.received`` and starts a run
+with trigger ``webhook``, all in one transaction."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from flowhook.clock import Clock
+from flowhook.errors import FlowhookError, InvalidInput, NotFound, RateLimited, Unauthenticated
+from flowhook.events import make_event
+from flowhook.ids import is_id, new_id
+from flowhook.service.auth import Principal
+from flowhook.service.pagination import Page, check_cursor
+from flowhook.signing import new_secret, secret_key_bytes, standard_signature
+from flowhook.store import events as events_store
+from flowhook.store import flows as flows_store
+from flowhook.store import hooks as store
+from flowhook.store import runs as runs_store
+from flowhook.store.db import Database
+from flowhook.store.hooks import Hook
+from flowhook.store.models import Run, RunStatus
+
+__all__ = ["HookService", "Arrival", "DEFAULT_RATE_LIMIT"]
+
+DEFAULT_RATE_LIMIT = 600
+"""Arrivals a minute per hook and process."""
+MAX_TIMESTAMP_SKEW = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    run_id: str
+    duplicate: bool
+
+
+class _Refused(FlowhookError):
+    def __init__(self, error: FlowhookError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+class HookService:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    async def create(
+        self, who: Principal, *, flow_id: str, verify: dict[str, Any] | None = None,
+        dedup_header: str | None = None, rate_limit: int = DEFAULT_RATE_LIMIT,
+    ) -> Hook:  # fmt: skip
+        async with self._db.read() as conn:
+            if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
+                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+        hook = Hook(
+            new_id("hk"), who.workspace_id, who.mode, flow_id, _check_verify(verify),
+            dedup_header or None, rate_limit, self._clock.now(),
+        )  # fmt: skip
+        async with self._db.transaction() as conn:
+            await store.insert_hook(conn, hook)
+        return hook
+
+    async def get(self, who: Principal, hook_id: str) -> Hook:
+        if not is_id(hook_id, "hk"):
+            raise NotFound(f"no hook {hook_id!r} in this workspace and mode")
+        async with self._db.read() as conn:
+            hook = await store.get_hook(conn, hook_id, who.workspace_id, who.mode)
+        if hook is None:
+            raise NotFound(f"no hook {hook_id!r} in this workspace and mode")
+        return hook
+
+    async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Hook]:
+        after = check_cursor(cursor, "hk")
+        async with self._db.read() as conn:
+            rows = await store.list_hooks(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].id if more else None)
+
+    async def delete(self, who: Principal, hook_id: str) -> None:
+        hook = await self.get(who, hook_id)
+        async with self._db.transaction() as conn:
+            await store.delete_hook(conn, hook.id)
+
+    async def rotate(self, who: Principal, hook_id: str) -> Hook:
+        """A new URL (and a new secret, when it verifies); the old URL stops working."""
+        old = await self.get(who, hook_id)
+        verify = (
+            _check_verify(
+                {
+                    "type": old.verify["type"],
+                    **{k: v for k, v in old.verify.items() if k != "secret"},
+                }
+            )
+            if old.verify
+            else None
+        )
+        hook = Hook(
+            new_id("hk"),
+            old.workspace_id,
+            old.mode,
+            old.flow_id,
+            verify,
+            old.dedup_header,
+            old.rate_limit,
+            self._clock.now(),
+        )
+        async with self._db.transaction() as conn:
+            await store.insert_hook(conn, hook)
+            await store.delete_hook(conn, old.id)
+        return hook
+
+    def _allow(self, hook: Hook) -> None:
+        """Token bucket: ``rate_limit`` arrivals a minute, bursts up to the same number."""
+        now = time.monotonic()
+        tokens, last = self._buckets.get(hook.id, (float(hook.rate_limit), now))
+        tokens = min(float(hook.rate_limit), tokens + (now - last) * hook.rate_limit / 60)
+        if tokens < 1:
+            self._buckets[hook.id] = (tokens, now)
+            raise RateLimited(
+                f"more than {hook.rate_limit} requests a minute to this hook; slow down",
+                retry_after=(1 - tokens) * 60 / hook.rate_limit,
+            )
+        self._buckets[hook.id] = (tokens - 1, now)
+
+    async def receive(
+        self, hook_id: str, body: bytes, content_type: str, headers: Mapping[str, str]
+    ) -> Arrival:
+        """Take one arrival at the public URL; raises (after recording why) when refused."""
+        if not is_id(hook_id, "hk"):
+            raise NotFound("no such hook")
+        async with self._db.read() as conn:
+            hook = await store.get_hook(conn, hook_id)
+        if hook is None:
+            raise NotFound("no such hook")
+        self._allow(hook)
+        lowered = {k.lower(): v for k, v in headers.items()}
+        try:
+            _verify(hook, body, lowered, int(self._clock.now().timestamp()))
+            payload = _payload(body, content_type)
+        except _Refused as refused:
+            await self._record(hook, body, content_type, accepted=False, reason=refused.reason)
+            raise refused.error from None
+        key = lowered.get(hook.dedup_header.lower()) if hook.dedup_header else None
+        return await self._accept(hook, body, content_type, payload, key[:200] if key else None)
+
+    async def _record(
+        self,
+        hook: Hook,
+        body: bytes,
+        content_type: str,
+        *,
+        accepted: bool,
+        reason: str | None,
+        run_id: str | None = None,
+    ) -> None:
+        async with self._db.transaction() as conn:
+            await events_store.insert_events(
+                conn, [self._delivered(hook, body, content_type, accepted, reason, run_id)]
+            )
+
+    def _delivered(
+        self,
+        hook: Hook,
+        body: bytes,
+        content_type: str,
+        accepted: bool,
+        reason: str | None,
+        run_id: str | None,
+    ) -> Any:
+        return make_event(
+            "webhook.delivered", workspace_id=hook.workspace_id, mode=hook.mode, flow_id=hook.flow_id,
+            run_id=run_id, now=self._clock.now(),
+            payload={"hook_id": hook.id, "accepted": accepted, "reason": reason, "content_type": content_type, "size": len(body)},
+        )  # fmt: skip
+
+    async def _accept(
+        self, hook: Hook, body: bytes, content_type: str, payload: dict[str, Any], key: str | None
+    ) -> Arrival:
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if key is not None:
+                earlier = await store.seen_delivery(conn, hook.id, key)
+                if earlier is not None:
+                    await events_store.insert_events(
+                        conn,
+                        [
+                            self._delivered(
+                                hook, body, content_type, False, "duplicate delivery id", earlier
+                            )
+                        ],
+                    )
+                    return Arrival(earlier, duplicate=True)
+            flow = await flows_store.get_flow(conn, hook.workspace_id, hook.mode, hook.flow_id)
+            if flow is None:
+                raise NotFound("the flow of this hook was archived")
+            run = Run(
+                run_id=new_id("run"), workspace_id=hook.workspace_id, mode=hook.mode, flow_id=flow.flow_id,
+                flow_version=flow.version, trigger="webhook", status=RunStatus.QUEUED, payload=payload, queued_at=now,
+            )  # fmt: skip
+            await runs_store.insert_run(conn, run)
+            if key is not None:
+                await store.remember_delivery(conn, hook.id, key, run.run_id, now)
+            received = make_event(
+                "webhook.received", workspace_id=hook.workspace_id, mode=hook.mode, flow_id=hook.flow_id,
+                run_id=run.run_id, payload={"hook_id": hook.id, "run_id": run.run_id}, now=now,
+            )  # fmt: skip
+            await events_store.insert_events(
+                conn, [self._delivered(hook, body, content_type, True, None, run.run_id), received]
+            )
+        return Arrival(run.run_id, duplicate=False)
+
+
+def _check_verify(verify: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not verify:
+        return None
+    kind = verify.get("type")
+    if kind == "hmac":
+        encoding = verify.get("encoding", "hex")
+        if encoding not in ("hex", "base64"):
+            raise InvalidInput("verify.encoding must be hex or base64", field="verify.encoding")
+        header = str(verify.get("header") or "X-Signature")
+        secret = str(verify.get("secret") or secrets.token_urlsafe(32))
+        return {"type": "hmac", "header": header, "encoding": encoding, "secret": secret}
+    if kind == "standard":
+        secret = str(verify.get("secret") or new_secret())
+        if not secret.startswith("whsec_"):
+            raise InvalidInput(
+                "verify.secret for Standard Webhooks must start with whsec_", field="verify.secret"
+            )
+        try:
+            secret_key_bytes(secret)
+        except ValueError:
+            raise InvalidInput(
+                "verify.secret is not whsec_ followed by base64", field="verify.secret"
+            ) from None
+        return {"type": "standard", "secret": secret}
+    raise InvalidInput("verify.type must be hmac or standard", field="verify.type")
+
+
+def _verify(hook: Hook, body: bytes, headers: Mapping[str, str], now: int) -> None:
+    verify = hook.verify
+    if not verify:
+        return
+    if verify["type"] == "hmac":
+        given = headers.get(verify["header"].lower(), "").strip()
+        if not given:
+            raise _Refused(
+                Unauthenticated(f"missing {verify['header']} header"), "missing signature"
+            )
+        given = given.split("=", 1)[1] if given.startswith("sha256=") else given
+        digest = hmac.new(verify["secret"].encode(), body, hashlib.sha256).digest()
+        expected = (
+            digest.hex() if verify["encoding"] == "hex" else base64.b64encode(digest).decode()
+        )
+        if not hmac.compare_digest(expected, given):
+            raise _Refused(Unauthenticated("signature does not match the body"), "bad signature")
+        return
+    msg_id, stamp, signatures = (
+        headers.get("webhook-id"),
+        headers.get("webhook-timestamp"),
+        headers.get("webhook-signature"),
+    )
+    if not (msg_id and stamp and signatures):
+        raise _Refused(Unauthenticated("missing Standard Webhooks headers"), "missing signature")
+    if not stamp.isdigit() or abs(now - int(stamp)) > MAX_TIMESTAMP_SKEW:
+        raise _Refused(
+            Unauthenticated("webhook-timestamp is too old or in the future"), "stale timestamp"
+        )
+    expected = standard_signature(verify["secret"], msg_id, int(stamp), body)
+    if not any(hmac.compare_digest(expected, s) for s in signatures.split()):
+        raise _Refused(Unauthenticated("signature does not match the body"), "bad signature")
+
+
+def _payload(body: bytes, content_type: str) -> dict[str, Any]:
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            value = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
+            raise _Refused(InvalidInput("the body is not valid JSON"), "malformed JSON") from None
+        return value if isinstance(value, dict) else {"body": value}
+    text = body.decode("utf-8", "replace")
+    if media == "application/x-www-form-urlencoded":
+        return {
+            k: v[0] if len(v) == 1 else v for k, v in parse_qs(text, keep_blank_values=True).items()
+        }
+    return {"body": text}
