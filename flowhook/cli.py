@@ -211,4 +211,7 @@ def keys_revoke(
 
 
 def main() -> None:
+    from flowhook.cli_remote import register
+
+    register(app)
     app()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
-from flowhook.api.routes import flows, hooks, runs, system, webhooks
+from flowhook.api.routes import flows, hooks, runs, schedules, system, webhooks
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings, parse_duration
 from flowhook.engine.worker import Worker
@@ -51,6 +52,8 @@ def create_app(
         listener: PgListener | None = None
         worker: Worker | None = None
         dispatcher: Dispatcher | None = None
+        scheduler: asyncio.Task[None] | None = None
+        stopping = asyncio.Event()
         try:
             if run_migrations:
                 await migrate(db)
@@ -97,8 +100,14 @@ def create_app(
                 )
                 await dispatcher.start()
                 app.state.dispatcher = dispatcher
+                scheduler = asyncio.create_task(
+                    services.schedules.run_forever(stopping), name="flowhook-scheduler"
+                )
             yield
         finally:
+            stopping.set()
+            if scheduler is not None:
+                await scheduler
             if dispatcher is not None:
                 await dispatcher.stop()
             if worker is not None:
@@ -122,6 +131,7 @@ def create_app(
     app.include_router(flows.router, prefix="/api/v1")
     app.include_router(webhooks.router, prefix="/api/v1")
     app.include_router(hooks.router, prefix="/api/v1")
+    app.include_router(schedules.router, prefix="/api/v1")
     app.include_router(web_routes.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)

@@ -9,6 +9,7 @@ from flowhook.client._core import Call
 __all__ = [
     "execute", "get_run", "list_runs", "cancel", "create_flow", "update_flow", "get_flow",
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
+    "create_hook", "create_schedule", "list_schedules",
 ]  # fmt: skip
 
 
@@ -68,3 +69,16 @@ def list_deliveries(status: str | None, limit: int) -> Call:
 
 def replay_delivery(delivery_id: str) -> Call:
     return Call("POST", f"/webhooks/deliveries/{delivery_id}/replay")
+
+
+def create_hook(flow_id: str, verify: dict[str, Any] | None) -> Call:
+    return Call("POST", "/hooks", json={"flow_id": flow_id, "verify": verify})
+
+
+def create_schedule(flow_id: str, cron: str, timezone: str, payload: dict[str, Any] | None) -> Call:
+    body = {"flow_id": flow_id, "cron": cron, "timezone": timezone, "payload": payload or {}}
+    return Call("POST", "/schedules", json=body)
+
+
+def list_schedules(limit: int) -> Call:
+    return Call("GET", "/schedules", params={"limit": limit})

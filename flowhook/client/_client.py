@@ -60,8 +60,9 @@ class Client:
         """Start a run (SPEC §4.1); the same ``idempotency_key`` and payload give the same run."""
         return RunAccepted(**self._send(calls.execute(flow_id, payload, idempotency_key)))
 
-    def get_run(self, run_id: str) -> Run:
-        return Run.from_json(self._send(calls.get_run(run_id)))
+    def get_run(self, run_id: str, wait: float | None = None) -> Run:
+        """The run; with ``wait``, long-poll: answer as soon as it ends, or after ``wait`` s."""
+        return Run.from_json(self._send(calls.get_run(run_id, wait)))
 
     def wait(self, run_id: str, interval: float = 2.0, max_attempts: int = 30) -> Run:
         """Poll as SPEC §4.2 shows (every ``interval`` s, at most ``max_attempts`` times) until
@@ -118,6 +119,18 @@ class Client:
 
     def replay_delivery(self, delivery_id: str) -> dict[str, Any]:
         return dict(self._send(calls.replay_delivery(delivery_id)))
+
+    def create_hook(self, flow_id: str, verify: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An inbound hook: a public URL whose POSTs start runs of ``flow_id``."""
+        return dict(self._send(calls.create_hook(flow_id, verify)))
+
+    def create_schedule(
+        self, flow_id: str, cron: str, timezone: str = "UTC", payload: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return dict(self._send(calls.create_schedule(flow_id, cron, timezone, payload)))
+
+    def list_schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_schedules(limit))["data"])
 
 
 class AsyncClient:

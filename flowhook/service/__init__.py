@@ -9,6 +9,7 @@ from flowhook.service.flows import FlowService
 from flowhook.service.hooks import HookService
 from flowhook.service.pagination import Page
 from flowhook.service.runs import RunService, Started
+from flowhook.service.schedules import ScheduleService
 from flowhook.service.sessions import SessionService
 from flowhook.service.webhooks import WebhookService
 from flowhook.store.db import Database
@@ -31,3 +32,4 @@ class Services:
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
+        self.schedules = ScheduleService(db, clock)

@@ -36,6 +36,7 @@ __all__ = [
     "web_sessions",
     "inbound_hooks",
     "inbound_dedup",
+    "schedules",
 ]
 
 metadata = MetaData(
@@ -279,4 +280,27 @@ inbound_dedup = Table(
     Column("delivery_key", String(200), primary_key=True),
     Column("run_id", String(40), nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
+)
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("workspace_id", String(40), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("flow_id", String(40), nullable=False),
+    Column("cron", String(120), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("payload", JSONType, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("next_run_at", UTCDateTime(), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(None, "workspace_id", "mode", "id"),
+    Index(
+        "ix_schedules_due",
+        "next_run_at",
+        postgresql_where=text("enabled"),
+        sqlite_where=text("enabled"),
+    ),
 )

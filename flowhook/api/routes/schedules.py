@@ -1,0 +1,99 @@
+"""Cron schedules (trigger ``schedule``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from flowhook.api.deps import CallerDep, ServicesDep
+from flowhook.api.models import ErrorBody, ts
+from flowhook.api.responses import ORJSONResponse
+from flowhook.store.schedules import Schedule
+
+router = APIRouter(tags=["schedules"])
+_ERRORS: dict[int | str, dict[str, object]] = {
+    c: {"model": ErrorBody} for c in (400, 401, 404, 409, 413, 415, 503)
+}
+
+
+class ScheduleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flow_id: str
+    cron: str = Field(
+        max_length=120,
+        description="Five fields (minute hour day month weekday), or six with seconds last.",
+    )
+    timezone: str = Field(
+        default="UTC",
+        max_length=64,
+        description="An IANA time zone; ticks follow its daylight saving.",
+    )
+    payload: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = True
+
+
+class SchedulePatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cron: str | None = Field(default=None, max_length=120)
+    timezone: str | None = Field(default=None, max_length=64)
+    payload: dict[str, Any] | None = None
+    enabled: bool | None = None
+
+
+def record(s: Schedule) -> dict[str, Any]:
+    return {
+        "id": s.id, "flow_id": s.flow_id, "cron": s.cron, "timezone": s.timezone, "payload": s.payload,
+        "enabled": s.enabled, "next_run_at": ts(s.next_run_at) if s.enabled else None,
+        "created_at": ts(s.created_at), "updated_at": ts(s.updated_at),
+    }  # fmt: skip
+
+
+@router.post("/schedules", status_code=201, summary="Create a schedule", responses=_ERRORS)
+async def create(body: ScheduleCreate, services: ServicesDep, who: CallerDep) -> Response:
+    s = await services.schedules.create(
+        who,
+        flow_id=body.flow_id,
+        cron=body.cron,
+        timezone=body.timezone,
+        payload=body.payload,
+        enabled=body.enabled,
+    )
+    return ORJSONResponse(record(s), status_code=201)
+
+
+@router.get("/schedules", summary="List schedules", responses=_ERRORS)
+async def list_(
+    services: ServicesDep,
+    who: CallerDep,
+    limit: int = Query(20, ge=1, le=100),
+    cursor: str | None = None,
+) -> Response:
+    page = await services.schedules.list(who, limit=limit, cursor=cursor)
+    return ORJSONResponse({"data": [record(s) for s in page.data], "next_cursor": page.next_cursor})
+
+
+@router.get("/schedules/{schedule_id}", summary="Read a schedule", responses=_ERRORS)
+async def get(schedule_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    return ORJSONResponse(record(await services.schedules.get(who, schedule_id)))
+
+
+@router.patch("/schedules/{schedule_id}", summary="Change a schedule", responses=_ERRORS)
+async def patch(
+    schedule_id: str, body: SchedulePatch, services: ServicesDep, who: CallerDep
+) -> Response:
+    return ORJSONResponse(
+        record(
+            await services.schedules.update(who, schedule_id, body.model_dump(exclude_unset=True))
+        )
+    )
+
+
+@router.delete(
+    "/schedules/{schedule_id}", status_code=204, summary="Delete a schedule", responses=_ERRORS
+)
+async def delete(schedule_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    await services.schedules.delete(who, schedule_id)
+    return Response(status_code=204)

@@ -1,0 +1,384 @@
+"""CLI commands that talk to a running Flowhook over HTTP through the SDK
+(``FLOWHOOK_URL``, ``FLOWHOOK_API_KEY``): flows, runs, endpoints, deliveries, hooks, schedules.
+Lists print tables; ``--json`` prints what the API answered."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from flowhook.client import APIError, Client, FlowhookClientError, Run
+
+__all__ = ["register"]
+
+console = Console()
+err = Console(stderr=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@contextmanager
+def client() -> Iterator[Client]:
+    url = os.environ.get("FLOWHOOK_URL", "http://127.0.0.1:8080")
+    key = os.environ.get("FLOWHOOK_API_KEY")
+    if not key:
+        err.print(
+            "[red]error:[/red] set FLOWHOOK_API_KEY to a sandbox or live key (and FLOWHOOK_URL if not local)"
+        )
+        raise typer.Exit(2)
+    try:
+        with Client(url, key) as c:
+            yield c
+    except APIError as exc:
+        err.print(f"[red]error {exc.status}:[/red] {exc.error} [dim]({exc.code})[/dim]")
+        raise typer.Exit(1) from None
+    except FlowhookClientError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        raise typer.Exit(1) from None
+
+
+def out_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def table(columns: list[str], rows: list[list[Any]], empty: str) -> None:
+    if not rows:
+        console.print(f"[dim]{empty}[/dim]")
+        return
+    t = Table(*columns)
+    for row in rows:
+        t.add_row(*["" if v is None else str(v) for v in row])
+    console.print(t)
+
+
+def parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        err.print(f"[red]error:[/red] {what} is not valid JSON: {exc}")
+        raise typer.Exit(2) from None
+
+
+flows = typer.Typer(help="Flow definitions.", no_args_is_help=True)
+runs = typer.Typer(help="Start, follow and cancel runs.", no_args_is_help=True)
+endpoints = typer.Typer(help="Webhook endpoints.", no_args_is_help=True)
+deliveries = typer.Typer(help="Webhook deliveries.", no_args_is_help=True)
+hooks = typer.Typer(help="Inbound hooks.", no_args_is_help=True)
+schedules = typer.Typer(help="Cron schedules.", no_args_is_help=True)
+
+
+@flows.command("apply")
+def flows_apply(
+    file: Annotated[
+        Path,
+        typer.Option(
+            "-f", "--file", help="A flow definition, YAML or JSON.", exists=True, dir_okay=False
+        ),
+    ],
+    flow_id: Annotated[
+        str | None, typer.Option("--flow-id", help="Save as a new version of this flow.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a flow, or a new version of it when --flow-id is given or a flow of the same name exists."""
+    try:
+        definition = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        err.print(f"[red]error:[/red] {file} is not valid YAML or JSON: {exc}")
+        raise typer.Exit(2) from None
+    if not isinstance(definition, dict):
+        err.print(f"[red]error:[/red] {file} must hold a flow definition (a mapping)")
+        raise typer.Exit(2)
+    with client() as c:
+        if flow_id is None:
+            same = [f for f in c.list_flows() if f["name"] == definition.get("name")]
+            flow_id = same[0]["flow_id"] if same else None
+        saved = c.update_flow(flow_id, definition) if flow_id else c.create_flow(definition)
+    if as_json:
+        out_json(saved)
+    else:
+        console.print(f"{saved['flow_id']} [bold]{saved['name']}[/bold] version {saved['version']}")
+
+
+@flows.command("list")
+def flows_list(as_json: JsonOpt = False) -> None:
+    with client() as c:
+        data = c.list_flows()
+    if as_json:
+        out_json(data)
+        return
+    table(
+        ["flow_id", "name", "version", "steps", "updated"],
+        [
+            [f["flow_id"], f["name"], f["version"], len(f["definition"]["steps"]), f["updated_at"]]
+            for f in data
+        ],
+        "no flows",
+    )
+
+
+def _print_step(step: dict[str, Any]) -> None:
+    mark = {
+        "completed": "[green]✓[/green]",
+        "failed": "[red]✗[/red]",
+        "skipped": "[dim]-[/dim]",
+    }.get(step["status"], "[yellow]…[/yellow]")
+    took = f"{step['duration_ms']} ms" if step.get("duration_ms") is not None else ""
+    console.print(f"  {mark} {step['id']} [dim]{step['type']} {step['status']} {took}[/dim]")
+
+
+def follow(c: Client, run_id: str, timeout: float) -> Run:
+    """Print steps as they finish until the run ends (long-poll, 2 s at a time)."""
+    shown: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        run = c.get_run(run_id, wait=2)
+        for step in run.steps:
+            if shown.get(step["id"]) != step["status"] and step["status"] not in ("running",):
+                shown[step["id"]] = step["status"]
+                _print_step(step)
+        if run.terminal or time.monotonic() > deadline:
+            return run
+
+
+@runs.command("start")
+def runs_start(
+    flow_id: Annotated[str, typer.Argument(help="The flow to run (wf_…).")],
+    payload: Annotated[
+        str, typer.Option("--payload", help="A JSON object handed to the flow.")
+    ] = "{}",
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the run and exit 0 only if it completes.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="How long --wait follows, seconds.")] = 600,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a run; with --wait, show its steps as they finish and its final status."""
+    body = parse_json(payload, "--payload")
+    if not isinstance(body, dict):
+        err.print("[red]error:[/red] --payload must be a JSON object")
+        raise typer.Exit(2)
+    with client() as c:
+        accepted = c.execute(flow_id, body, idempotency_key=idempotency_key)
+        if not wait:
+            if as_json:
+                out_json(
+                    accepted.__dict__
+                    if hasattr(accepted, "__dict__")
+                    else {
+                        k: getattr(accepted, k)
+                        for k in ("run_id", "flow_id", "status", "queued_at")
+                    }
+                )
+            else:
+                console.print(f"{accepted.run_id} queued")
+            return
+        if not as_json:
+            console.print(f"{accepted.run_id} [dim]queued, following…[/dim]")
+        run = (
+            follow(c, accepted.run_id, timeout)
+            if not as_json
+            else c.wait(accepted.run_id, interval=0.5, max_attempts=int(timeout / 0.5) + 1)
+        )
+    if as_json:
+        out_json(run.raw)
+    else:
+        colour = {"completed": "green", "failed": "red"}.get(run.status, "yellow")
+        console.print(
+            f"[{colour}]{run.status}[/{colour}] in {run.duration_ms} ms"
+            + (f": {run.error['message']}" if run.error else "")
+        )
+    raise typer.Exit(0 if run.status == "completed" else 1)
+
+
+def _run_row(r: Run) -> list[Any]:
+    return [r.run_id, r.flow_id, r.status, r.steps_executed, r.duration_ms, r.queued_at]
+
+
+@runs.command("list")
+def runs_list(
+    flow_id: Annotated[str | None, typer.Option("--flow")] = None,
+    status: Annotated[str | None, typer.Option("--status")] = None,
+    limit: Annotated[int, typer.Option("--limit")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    with client() as c:
+        data = c.list_runs(flow_id=flow_id, status=status, limit=limit)
+    if as_json:
+        out_json([r.raw for r in data])
+        return
+    table(
+        ["run_id", "flow_id", "status", "steps", "ms", "queued_at"],
+        [_run_row(r) for r in data],
+        "no runs",
+    )
+
+
+@runs.command("show")
+def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
+    with client() as c:
+        run = c.get_run(run_id)
+    if as_json:
+        out_json(run.raw)
+        return
+    console.print(f"{run.run_id} [bold]{run.status}[/bold] flow {run.flow_id}")
+    for step in run.steps:
+        _print_step(step)
+    if run.error:
+        console.print(f"[red]error:[/red] {run.error}")
+    if run.output is not None:
+        console.print_json(json.dumps(run.output))
+
+
+@runs.command("cancel")
+def runs_cancel(run_id: str, as_json: JsonOpt = False) -> None:
+    with client() as c:
+        run = c.cancel(run_id)
+    if as_json:
+        out_json(run.raw)
+    else:
+        console.print(
+            f"{run.run_id} {run.status}"
+            + (" (cancel requested)" if run.status != "cancelled" else "")
+        )
+
+
+@endpoints.command("add")
+def endpoints_add(
+    url: str,
+    events: Annotated[str, typer.Option("--events", help="Comma-separated event names.")],
+    description: Annotated[str, typer.Option("--description")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Register a webhook endpoint; prints its signing secret (shown once)."""
+    with client() as c:
+        ep = c.create_endpoint(
+            url, [e.strip() for e in events.split(",") if e.strip()], description
+        )
+    if as_json:
+        out_json(ep)
+    else:
+        console.print(
+            f"{ep['id']} {ep['url']}\nsecret: {ep['secret']}  [dim](verify X-Service-Signature with it)[/dim]"
+        )
+
+
+@endpoints.command("list")
+def endpoints_list(as_json: JsonOpt = False) -> None:
+    with client() as c:
+        data = c.list_endpoints()
+    if as_json:
+        out_json(data)
+        return
+    table(
+        ["id", "url", "events", "enabled"],
+        [[e["id"], e["url"], ", ".join(e["events"]), e["enabled"]] for e in data],
+        "no endpoints",
+    )
+
+
+@deliveries.command("list")
+def deliveries_list(
+    failed: Annotated[bool, typer.Option("--failed", help="Only failed deliveries.")] = False,
+    limit: Annotated[int, typer.Option("--limit")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    with client() as c:
+        data = c.list_deliveries(status="failed" if failed else None, limit=limit)
+    if as_json:
+        out_json(data)
+        return
+    table(
+        ["id", "event", "status", "attempts", "last error", "run_id"],
+        [
+            [d["id"], d["event"], d["status"], d["attempts"], d["last_error"], d["run_id"]]
+            for d in data
+        ],
+        "no failed deliveries" if failed else "no deliveries",
+    )
+
+
+@deliveries.command("replay")
+def deliveries_replay(delivery_id: str, as_json: JsonOpt = False) -> None:
+    with client() as c:
+        d = c.replay_delivery(delivery_id)
+    if as_json:
+        out_json(d)
+    else:
+        console.print(f"{d['id']} queued (replay of {d['replay_of']})")
+
+
+@hooks.command("create")
+def hooks_create(
+    flow_id: str,
+    verify: Annotated[str | None, typer.Option("--verify", help="hmac or standard")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a public URL whose POSTs start runs of FLOW."""
+    with client() as c:
+        h = c.create_hook(flow_id, {"type": verify} if verify else None)
+    if as_json:
+        out_json(h)
+    else:
+        console.print(
+            f"{h['id']}\nPOST {h['url']}"
+            + (f"\nsecret: {h['verify']['secret']}" if h.get("verify") else "")
+        )
+
+
+@schedules.command("create")
+def schedules_create(
+    flow_id: str,
+    cron: Annotated[str, typer.Option("--cron", help="Five fields, such as '*/5 * * * *'.")],
+    timezone: Annotated[str, typer.Option("--timezone")] = "UTC",
+    payload: Annotated[str, typer.Option("--payload")] = "{}",
+    as_json: JsonOpt = False,
+) -> None:
+    with client() as c:
+        s = c.create_schedule(flow_id, cron, timezone, parse_json(payload, "--payload"))
+    if as_json:
+        out_json(s)
+    else:
+        console.print(f"{s['id']} {s['cron']} ({s['timezone']}) next run {s.get('next_run_at')}")
+
+
+@schedules.command("list")
+def schedules_list(as_json: JsonOpt = False) -> None:
+    with client() as c:
+        data = c.list_schedules()
+    if as_json:
+        out_json(data)
+        return
+    table(
+        ["id", "flow_id", "cron", "timezone", "enabled", "next run"],
+        [
+            [s["id"], s["flow_id"], s["cron"], s["timezone"], s["enabled"], s.get("next_run_at")]
+            for s in data
+        ],
+        "no schedules",
+    )
+
+
+def register(app: typer.Typer) -> None:
+    for name, sub in (
+        ("flows", flows),
+        ("runs", runs),
+        ("endpoints", endpoints),
+        ("deliveries", deliveries),
+        ("hooks", hooks),
+        ("schedules", schedules),
+    ):
+        app.add_typer(sub, name=name)

@@ -1,0 +1,165 @@
+"""Schedules: start runs of a flow on a cron, with trigger ``schedule``.
+
+Exactly one run per tick, however many processes run the scheduler: claiming a tick is a
+guarded move of ``next_run_at``, and the run carries the idempotency key
+``schedule:<id>:<tick>``, unique per workspace and mode. Ticks missed while no scheduler ran
+(more than ``MISSED_AFTER`` late) are skipped and logged, not run in a burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy.exc as sa_exc
+
+from flowhook.clock import Clock
+from flowhook.cron import check_cron, check_timezone, next_tick
+from flowhook.errors import InvalidInput, NotFound
+from flowhook.ids import is_id, new_id
+from flowhook.service.auth import Principal
+from flowhook.service.pagination import Page, check_cursor
+from flowhook.store import flows as flows_store
+from flowhook.store import runs as runs_store
+from flowhook.store import schedules as store
+from flowhook.store.db import Database
+from flowhook.store.models import Run, RunStatus
+from flowhook.store.schedules import Schedule
+
+__all__ = ["ScheduleService", "MISSED_AFTER"]
+
+log = logging.getLogger("flowhook.schedules")
+MISSED_AFTER = timedelta(seconds=60)
+
+
+def _validated(cron: str, timezone: str) -> str:
+    try:
+        check_timezone(timezone)
+        return check_cron(cron)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="timezone" if "zone" in str(exc) else "cron") from None
+
+
+class ScheduleService:
+    def __init__(self, db: Database, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def create(
+        self, who: Principal, *, flow_id: str, cron: str, timezone: str = "UTC",
+        payload: dict[str, Any] | None = None, enabled: bool = True,
+    ) -> Schedule:  # fmt: skip
+        cron = _validated(cron, timezone)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
+                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+            schedule = Schedule(
+                new_id("sch"), who.workspace_id, who.mode, flow_id, cron, timezone, payload or {},
+                enabled, next_tick(cron, timezone, now), now, now,
+            )  # fmt: skip
+            await store.insert_schedule(conn, schedule)
+        return schedule
+
+    async def get(self, who: Principal, schedule_id: str) -> Schedule:
+        found = None
+        if is_id(schedule_id, "sch"):
+            async with self._db.read() as conn:
+                found = await store.get_schedule(conn, who.workspace_id, who.mode, schedule_id)
+        if found is None:
+            raise NotFound(f"no schedule {schedule_id!r} in this workspace and mode")
+        return found
+
+    async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Schedule]:
+        after = check_cursor(cursor, "sch")
+        async with self._db.read() as conn:
+            rows = await store.list_schedules(
+                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, rows[-1].id if more else None)
+
+    async def update(self, who: Principal, schedule_id: str, changes: dict[str, Any]) -> Schedule:
+        s = await self.get(who, schedule_id)
+        s.cron = changes.get("cron") or s.cron
+        s.timezone = changes.get("timezone") or s.timezone
+        s.cron = _validated(s.cron, s.timezone)
+        if changes.get("payload") is not None:
+            s.payload = changes["payload"]
+        if changes.get("enabled") is not None:
+            s.enabled = bool(changes["enabled"])
+        now = self._clock.now()
+        s.next_run_at = next_tick(s.cron, s.timezone, now)
+        s.updated_at = now
+        async with self._db.transaction() as conn:
+            await store.save_schedule(conn, s)
+        return s
+
+    async def delete(self, who: Principal, schedule_id: str) -> None:
+        async with self._db.transaction() as conn:
+            if not await store.delete_schedule(conn, who.workspace_id, who.mode, schedule_id):
+                raise NotFound(f"no schedule {schedule_id!r} in this workspace and mode")
+
+    async def tick(self) -> int:
+        """Start the runs of every due tick; how many were started by this call."""
+        now = self._clock.now()
+        async with self._db.read() as conn:
+            due = await store.due_schedules(conn, now)
+        started = 0
+        for s in due:
+            with contextlib.suppress(sa_exc.IntegrityError):  # another process started it
+                started += await self._fire(s, now)
+        return started
+
+    async def run_forever(self, stopping: asyncio.Event) -> None:
+        """The scheduler loop: fire due ticks, then sleep until the next one (at most 1 s, so
+        new schedules are seen quickly)."""
+        while not stopping.is_set():
+            pause = 1.0
+            try:
+                await self.tick()
+                async with self._db.read() as conn:
+                    upcoming = await store.next_due(conn)
+                if upcoming is not None:
+                    pause = min(1.0, max(0.01, (upcoming - self._clock.now()).total_seconds()))
+            except Exception:
+                log.exception("scheduler: tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), pause)
+
+    async def _fire(self, s: Schedule, now: Any) -> int:
+        tick = s.next_run_at
+        following = next_tick(s.cron, s.timezone, max(tick, now - MISSED_AFTER))
+        late = now - tick > MISSED_AFTER
+        if late:
+            following = next_tick(s.cron, s.timezone, now)
+        async with self._db.transaction() as conn:
+            if not await store.advance(conn, s.id, tick=tick, to=following):
+                return 0  # another scheduler claimed this tick
+            if late:
+                log.warning(
+                    "schedule %s: ticks from %s to %s were missed while no scheduler ran; skipped",
+                    s.id,
+                    tick,
+                    now,
+                )
+                return 0
+            flow = await flows_store.get_flow(conn, s.workspace_id, s.mode, s.flow_id)
+            if flow is None:
+                log.warning(
+                    "schedule %s: flow %s is archived; tick %s skipped", s.id, s.flow_id, tick
+                )
+                return 0
+            run = Run(
+                run_id=new_id("run"), workspace_id=s.workspace_id, mode=s.mode, flow_id=s.flow_id,
+                flow_version=flow.version, trigger="schedule", status=RunStatus.QUEUED,
+                payload={**s.payload}, queued_at=now,
+            )  # fmt: skip
+            await runs_store.insert_run(
+                conn, run, idempotency_key=f"schedule:{s.id}:{tick.isoformat()}"
+            )
+        return 1
