@@ -1,0 +1,140 @@
+"""Every remote CLI command, run as a process against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import FLOWHOOK, Server, serve
+
+pytestmark = pytest.mark.e2e
+
+
+def cli(server: Server, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "FLOWHOOK_URL": server.base,
+        "FLOWHOOK_API_KEY": key or server.value("sandbox key"),
+        "COLUMNS": "200",
+    }
+    return subprocess.run([FLOWHOOK, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def ok(server: Server, *args: str) -> str:
+    done = cli(server, *args)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def js(server: Server, *args: str) -> Any:
+    return json.loads(ok(server, *args, "--json"))
+
+
+def test_every_remote_command(tmp_path: Path) -> None:
+    env = {
+        "FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "FLOWHOOK_WEBHOOK_RETRY_SCHEDULE": "0.1",
+        "FLOWHOOK_LOG_LEVEL": "warning",
+    }
+    with serve(tmp_path, f"sqlite:///{tmp_path / 'cli.db'}", **env) as server:
+        flow_file = tmp_path / "flow.yaml"
+        flow_file.write_text(
+            "name: Greeter\nsteps:\n  - id: hello\n    type: transform\n    output:\n      text: 'hi {{ payload.name }}'\n"
+            "output:\n  text: '{{ steps.hello.output.text }}'\n"
+        )
+        created = js(server, "flows", "apply", "-f", str(flow_file))
+        assert created["version"] == 1
+        again = js(server, "flows", "apply", "-f", str(flow_file))
+        assert (again["flow_id"], again["version"]) == (created["flow_id"], 2)
+        assert "Greeter" in ok(server, "flows", "list")
+        flow_id = created["flow_id"]
+
+        out = ok(server, "runs", "start", flow_id, "--payload", '{"name": "Ada"}', "--wait")
+        assert "hello" in out and "completed" in out
+        run = js(server, "runs", "start", flow_id, "--payload", '{"name": "Bob"}', "--wait")
+        assert run["output"] == {"text": "hi Bob"}
+        failing = tmp_path / "fail.json"
+        failing.write_text(
+            json.dumps({"name": "Fails", "steps": [{"id": "x", "type": "fail", "message": "nope"}]})
+        )
+        fail_id = js(server, "flows", "apply", "-f", str(failing))["flow_id"]
+        failed = cli(server, "runs", "start", fail_id, "--wait")
+        assert failed.returncode == 1 and "failed" in failed.stdout and "nope" in failed.stdout
+        bad = cli(server, "runs", "start", flow_id, "--payload", "[1]")
+        assert bad.returncode == 2 and "JSON object" in bad.stderr
+
+        runs = js(server, "runs", "list", "--flow", flow_id)
+        assert len(runs) == 2
+        assert "completed" in ok(server, "runs", "list")
+        assert "hello" in ok(server, "runs", "show", runs[0]["run_id"])
+        assert js(server, "runs", "show", runs[0]["run_id"])["status"] == "completed"
+        slow = tmp_path / "slow.json"
+        slow.write_text(
+            json.dumps({"name": "Slow", "steps": [{"id": "w", "type": "delay", "seconds": 60}]})
+        )
+        slow_id = js(server, "flows", "apply", "-f", str(slow))["flow_id"]
+        queued = js(server, "runs", "start", slow_id)
+        time.sleep(0.3)
+        assert js(server, "runs", "cancel", queued["run_id"])["status"] == "cancelled"
+
+        endpoint = js(
+            server,
+            "endpoints",
+            "add",
+            "http://127.0.0.1:9/closed",
+            "--events",
+            "flow.completed,flow.failed",
+        )
+        assert endpoint["secret"].startswith("whsec_")
+        assert "127.0.0.1:9" in ok(server, "endpoints", "list")
+        ok(server, "runs", "start", flow_id, "--payload", '{"name": "Eve"}', "--wait")
+        for _ in range(100):
+            failed_deliveries = js(server, "deliveries", "list", "--failed")
+            if failed_deliveries:
+                break
+            time.sleep(0.1)
+        assert failed_deliveries and failed_deliveries[0]["status"] == "failed"
+        assert "connection" in ok(server, "deliveries", "list", "--failed")
+        replay = js(server, "deliveries", "replay", failed_deliveries[0]["id"])
+        assert replay["replay_of"] == failed_deliveries[0]["id"]
+
+        hook = js(server, "hooks", "create", flow_id, "--verify", "hmac")
+        assert hook["url"].endswith(hook["id"]) and hook["verify"]["secret"]
+        assert "POST" in ok(server, "hooks", "create", flow_id)
+
+        schedule = js(
+            server,
+            "schedules",
+            "create",
+            flow_id,
+            "--cron",
+            "* * * * * *",
+            "--payload",
+            '{"name": "cron"}',
+        )
+        assert schedule["next_run_at"]
+        assert schedule["id"] in ok(server, "schedules", "list")
+        for _ in range(50):  # the server's scheduler starts a run within a couple of seconds
+            if any(
+                r["trigger"] == "schedule" for r in js(server, "runs", "list", "--flow", flow_id)
+            ):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("no scheduled run")
+
+        nokey = subprocess.run(
+            [FLOWHOOK, "runs", "list"],
+            env={k: v for k, v in os.environ.items() if k != "FLOWHOOK_API_KEY"},
+            capture_output=True,
+            text=True,
+        )
+        assert nokey.returncode == 2 and "FLOWHOOK_API_KEY" in nokey.stderr
+        wrong = cli(server, "runs", "list", key="sk_test_" + "a" * 32)
+        assert wrong.returncode == 1 and "401" in wrong.stderr
