@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import shlex
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -131,6 +133,100 @@ def serve(
         timeout_graceful_shutdown=30,
     )
     uvicorn.Server(config).run()
+
+
+@app.command()
+def api(
+    host: Annotated[
+        str | None, typer.Option(help="Overrides FLOWHOOK_HOST.", show_default=False)
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Overrides FLOWHOOK_PORT.", show_default=False)
+    ] = None,
+    workers: Annotated[int, typer.Option(help="HTTP worker processes.", min=1)] = 1,
+    database_url: DatabaseOpt = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
+    settings = _settings(host=host, port=port, database_url=database_url)
+    _configure_logging(settings.log_level)
+    _with_db(settings, lambda db: _noop())
+    os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
+    uvicorn.run(
+        "flowhook.api.app:api_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=int(settings.shutdown_grace),
+    )
+
+
+async def _noop() -> None:
+    return None
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Runs at once (FLOWHOOK_WORKER_CONCURRENCY).", show_default=False),
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Run the engine, the webhook dispatcher, the scheduler and retention, without HTTP.
+    SIGTERM drains: no new work, FLOWHOOK_SHUTDOWN_GRACE seconds for what is in flight, then
+    unfinished runs are handed back to the other workers."""
+    settings = _settings(worker_concurrency=concurrency, database_url=database_url)
+    _configure_logging(settings.log_level)
+    asyncio.run(_work(settings))
+
+
+async def _work(settings: Settings) -> None:
+    from flowhook.runtime import Runtime
+    from flowhook.service import Services
+
+    db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await migrate(db)
+        clock = SystemClock()
+        runtime = Runtime(db, clock, settings, Services(db, clock, settings, db.wakeups["runs"]))
+        await runtime.start()
+        logging.getLogger("flowhook").info("worker %s started", runtime.worker.owner)
+        await stop.wait()
+        logging.getLogger("flowhook").info(
+            "worker draining (grace %.0f s)", settings.shutdown_grace
+        )
+        await runtime.stop()
+    finally:
+        await db.dispose()
+
+
+@app.command()
+def prune(
+    days: Annotated[
+        float | None, typer.Option(help="Overrides FLOWHOOK_RETENTION_DAYS.", show_default=False)
+    ] = None,
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Delete finished runs older than the retention period, with their history, now."""
+    settings = _settings(database_url=database_url)
+
+    async def work(db: Database) -> int:
+        from flowhook.service.retention import RetentionService
+
+        return await RetentionService(db, SystemClock(), settings.retention_days).prune(days)
+
+    removed = _with_db(settings, work)
+    console.print(f"removed {removed} finished runs")
 
 
 @app.command("migrate")

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     """Retry 408 and 429 answers, honouring Retry-After (off: the spec says 4xx is final)."""
     dispatcher_concurrency: int = Field(default=64, ge=1)
 
+    shutdown_grace: float = Field(default=30.0, ge=0)
+    """On SIGTERM: seconds for work in flight to finish before it is handed back."""
+    retention_days: float = Field(default=30.0, gt=0)
+    """Finished runs (with their steps, events and deliveries) older than this are pruned."""
+    rate_limit: float = Field(default=1000.0, ge=0)
+    """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
+
     # Authentication cache: how long a looked-up key is trusted before it is checked again.
     key_cache_seconds: float = Field(default=30.0, ge=0)
 

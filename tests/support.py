@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["FLOWHOOK", "Server", "free_port", "serve"]
+__all__ = ["FLOWHOOK", "Server", "free_port", "serve", "worker"]
 
 FLOWHOOK = str(Path(sys.executable).with_name("flowhook"))
 
@@ -41,7 +41,9 @@ class Server:
 
 
 @contextmanager
-def serve(cwd: Path, database_url: str, **env_extra: str) -> Iterator[Server]:
+def serve(
+    cwd: Path, database_url: str, command: str = "serve", **env_extra: str
+) -> Iterator[Server]:
     port = free_port()
     env = {
         **os.environ,
@@ -50,7 +52,7 @@ def serve(cwd: Path, database_url: str, **env_extra: str) -> Iterator[Server]:
         **env_extra,
     }
     proc = subprocess.Popen(
-        [FLOWHOOK, "serve"],
+        [FLOWHOOK, command],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -93,3 +95,29 @@ def serve(cwd: Path, database_url: str, **env_extra: str) -> Iterator[Server]:
         reader.join(timeout=5)
         if proc.stdout:
             proc.stdout.close()
+
+
+@contextmanager
+def worker(cwd: Path, database_url: str, **env_extra: str) -> Iterator[subprocess.Popen[str]]:
+    """A `flowhook worker` process (no HTTP); stopped with SIGTERM at the end if still alive."""
+    env = {**os.environ, "FLOWHOOK_DATABASE_URL": database_url, **env_extra}
+    proc = subprocess.Popen(
+        [FLOWHOOK, "worker"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()

@@ -108,18 +108,28 @@ class Worker:
         ]
 
     async def stop(self, grace: float = 10.0) -> None:
-        """Stop claiming; let runs in flight finish for ``grace`` seconds, then cancel them
-        (their leases expire and another process resumes them)."""
+        """Stop claiming; let runs in flight finish for ``grace`` seconds, then cancel them and
+        hand them back, so another process resumes them at once."""
         self._stopping.set()
         self.wakeup.notify()
         if self._inflight:
             await asyncio.wait(list(self._inflight.values()), timeout=grace)
+        unfinished = list(self._inflight)
         for task in [*self._inflight.values(), *self._tasks]:
             task.cancel()
         for task in [*self._inflight.values(), *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._writes.wait_idle()
+        if unfinished:
+            try:
+                async with self.db.transaction() as conn:
+                    handed = await runs_store.hand_back(
+                        conn, owner=self.owner, run_ids=unfinished, now=self.clock.now()
+                    )
+                log.info("worker: handed back %d unfinished runs", handed)
+            except Exception:
+                log.exception("worker: hand-back failed; the runs resume when their leases end")
         if self.http is not None:
             await self.http.close()
             self.http = None

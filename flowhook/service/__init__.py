@@ -8,6 +8,7 @@ from flowhook.service.auth import KeyService, Principal
 from flowhook.service.flows import FlowService
 from flowhook.service.hooks import HookService
 from flowhook.service.pagination import Page
+from flowhook.service.retention import RetentionService
 from flowhook.service.runs import RunService, Started
 from flowhook.service.schedules import ScheduleService
 from flowhook.service.sessions import SessionService
@@ -26,10 +27,13 @@ class Services:
         self.clock = clock
         self.settings = settings
         self.wakeup = wakeup
-        self.keys = KeyService(db, clock, cache_seconds=settings.key_cache_seconds)
+        self.keys = KeyService(
+            db, clock, cache_seconds=settings.key_cache_seconds, rate_limit=settings.rate_limit
+        )
         self.flows = FlowService(db, clock)
         self.runs = RunService(db, clock, wakeup)
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
         self.schedules = ScheduleService(db, clock)
+        self.retention = RetentionService(db, clock, settings.retention_days)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from flowhook.clock import Clock
 from flowhook.errors import NotFound, Unauthenticated
 from flowhook.ids import new_id
+from flowhook.service.ratelimit import TokenBuckets
 from flowhook.store import keys as keys_store
 from flowhook.store.db import Database
 from flowhook.store.models import ApiKey, Mode, Workspace
@@ -54,7 +55,11 @@ def _new_secret(mode: Mode) -> str:
 
 
 class KeyService:
-    def __init__(self, db: Database, clock: Clock, *, cache_seconds: float = 30.0) -> None:
+    def __init__(
+        self, db: Database, clock: Clock, *, cache_seconds: float = 30.0, rate_limit: float = 0.0
+    ) -> None:
+        self._rate = rate_limit
+        self._buckets = TokenBuckets()
         self._db = db
         self._clock = clock
         self._ttl = cache_seconds
@@ -116,6 +121,10 @@ class KeyService:
             self._remember(digest, principal)
         if principal is None:
             raise Unauthenticated("unknown or revoked API key")
+        if self._rate > 0:
+            self._buckets.take(
+                principal.key_id, rate=self._rate, burst=2 * self._rate, what="with this API key"
+            )
         return principal
 
     async def _lookup(self, digest: str) -> Principal | None:

@@ -8,7 +8,6 @@ import base64
 import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +16,12 @@ from urllib.parse import parse_qs
 import orjson
 
 from flowhook.clock import Clock
-from flowhook.errors import FlowhookError, InvalidInput, NotFound, RateLimited, Unauthenticated
+from flowhook.errors import FlowhookError, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import make_event
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.ratelimit import TokenBuckets
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
@@ -55,7 +55,7 @@ class HookService:
     def __init__(self, db: Database, clock: Clock) -> None:
         self._db = db
         self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}
+        self._buckets = TokenBuckets()
 
     async def create(
         self, who: Principal, *, flow_id: str, verify: dict[str, Any] | None = None,
@@ -125,17 +125,10 @@ class HookService:
         return hook
 
     def _allow(self, hook: Hook) -> None:
-        """Token bucket: ``rate_limit`` arrivals a minute, bursts up to the same number."""
-        now = time.monotonic()
-        tokens, last = self._buckets.get(hook.id, (float(hook.rate_limit), now))
-        tokens = min(float(hook.rate_limit), tokens + (now - last) * hook.rate_limit / 60)
-        if tokens < 1:
-            self._buckets[hook.id] = (tokens, now)
-            raise RateLimited(
-                f"more than {hook.rate_limit} requests a minute to this hook; slow down",
-                retry_after=(1 - tokens) * 60 / hook.rate_limit,
-            )
-        self._buckets[hook.id] = (tokens - 1, now)
+        """``rate_limit`` arrivals a minute, in bursts up to the same number."""
+        self._buckets.take(
+            hook.id, rate=hook.rate_limit / 60, burst=float(hook.rate_limit), what="to this hook"
+        )
 
     async def receive(
         self, hook_id: str, body: bytes, content_type: str, headers: Mapping[str, str]

@@ -42,6 +42,7 @@ __all__ = [
     "cancel_requested_among",
     "count_older_in_flight",
     "defer",
+    "hand_back",
 ]
 
 NOTIFY_CHANNEL = "flowhook_runs"
@@ -484,3 +485,22 @@ async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: dateti
     )
     if result.rowcount != 1:
         raise LeaseLost(run_id)
+
+
+async def hand_back(
+    conn: AsyncConnection, *, owner: str, run_ids: Sequence[str], now: datetime
+) -> int:
+    """Give runs this process holds back at once (on shutdown), so another worker takes them
+    without waiting for the lease to run out; the lost-worker count is not raised."""
+    if not run_ids:
+        return 0
+    result = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.run_id.in_(list(run_ids)),
+            runs.c.lease_owner == owner,
+            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+        )
+        .values(lease_owner=None, lease_expires_at=None, available_at=now, claims=runs.c.claims - 1)
+    )
+    return int(result.rowcount)

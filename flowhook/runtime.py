@@ -1,0 +1,101 @@
+"""The background machinery of a process: worker, dispatcher, scheduler, retention and the
+PostgreSQL listener. ``flowhook serve`` runs it beside the API; ``flowhook worker`` runs it
+alone. Stopping drains: no new claims, work in flight gets ``shutdown_grace`` seconds, and
+runs still unfinished then are handed back at once instead of waiting for their leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from flowhook.clock import Clock
+from flowhook.config import Settings, parse_duration
+from flowhook.engine.worker import Worker
+from flowhook.service import Services
+from flowhook.store.db import Database
+from flowhook.store.runs import NOTIFY_CHANNEL
+from flowhook.store.wakeup import PgListener
+from flowhook.store.webhooks import DELIVERY_CHANNEL
+from flowhook.webhooks.dispatcher import Dispatcher
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("flowhook")
+
+
+class Runtime:
+    def __init__(self, db: Database, clock: Clock, settings: Settings, services: Services) -> None:
+        self.db = db
+        self.settings = settings
+        self.services = services
+        self.listener: PgListener | None = None
+        self.worker = Worker(
+            db,
+            clock,
+            db.wakeups["runs"],
+            concurrency=settings.worker_concurrency,
+            lease_seconds=settings.lease_seconds,
+            poll_interval=settings.poll_interval,
+            max_claims=settings.max_claims,
+            allow_private_targets=settings.allow_private_targets,
+            plugins=settings.plugin_modules,
+        )
+        self.dispatcher = Dispatcher(
+            db,
+            clock,
+            db.wakeups["deliveries"],
+            owner=self.worker.owner,
+            concurrency=settings.dispatcher_concurrency,
+            per_endpoint=settings.webhook_endpoint_concurrency,
+            timeout=settings.webhook_timeout,
+            schedule=settings.retry_schedule,
+            max_attempts=settings.webhook_max_attempts,
+            disable_after=parse_duration(settings.webhook_disable_after),
+            allow_private_targets=settings.allow_private_targets,
+            retry_throttled=settings.webhook_retry_throttled,
+            poll_interval=settings.poll_interval,
+        )
+        self._stopping = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        if not self.db.is_sqlite:
+            self.listener = PgListener(
+                self.settings.database_url.replace("+asyncpg", ""),
+                {
+                    NOTIFY_CHANNEL: self.db.wakeups["runs"],
+                    DELIVERY_CHANNEL: self.db.wakeups["deliveries"],
+                },
+            )
+            await self.listener.start()
+        await self.worker.start()
+        await self.dispatcher.start()
+        self._loops = [
+            asyncio.create_task(
+                self.services.schedules.run_forever(self._stopping), name="flowhook-scheduler"
+            ),
+            asyncio.create_task(self._retention(), name="flowhook-retention"),
+        ]
+
+    async def stop(self) -> None:
+        grace = self.settings.shutdown_grace
+        self._stopping.set()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=5)
+        await asyncio.gather(self.worker.stop(grace), self.dispatcher.stop(grace))
+        if self.listener is not None:
+            await self.listener.stop()
+
+    async def _retention(self) -> None:
+        """Prune finished history older than FLOWHOOK_RETENTION_DAYS, hourly, in small batches."""
+        while not self._stopping.is_set():
+            try:
+                removed = await self.services.retention.prune()
+                if removed:
+                    log.info("retention: removed %d finished runs", removed)
+            except Exception:
+                log.exception("retention: prune failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 3600)

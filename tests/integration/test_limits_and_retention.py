@@ -1,0 +1,74 @@
+"""Per-key rate limit (429 with Retry-After) and retention pruning."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+
+from flowhook.api.app import create_app
+from flowhook.clock import FakeClock
+from flowhook.config import Settings
+from flowhook.engine.worker import Worker
+from flowhook.service import Services
+from flowhook.store.db import Database
+from flowhook.store.models import Mode
+
+
+async def test_per_key_rate_limit(settings: Settings) -> None:
+    app = create_app(settings.model_copy(update={"rate_limit": 2.0}), run_worker=False)
+    async with app.router.lifespan_context(app):
+        key = (await app.state.services.keys.create(Mode.TEST, "w")).key
+        other = (await app.state.services.keys.create(Mode.TEST, "w")).key
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t"
+        ) as c:
+            codes = [
+                (
+                    await c.get("/api/v1/flows", headers={"Authorization": f"Bearer {key}"})
+                ).status_code
+                for _ in range(8)
+            ]
+            assert codes[:4] == [200] * 4 and 429 in codes
+            r = await c.get("/api/v1/flows", headers={"Authorization": f"Bearer {key}"})
+            assert (
+                r.status_code == 429
+                and r.json()["code"] == "rate_limited"
+                and int(r.headers["retry-after"]) >= 1
+            )
+            assert (
+                await c.get("/api/v1/flows", headers={"Authorization": f"Bearer {other}"})
+            ).status_code == 200
+
+
+async def test_retention_prunes_old_finished_runs_with_their_history(
+    services: Services, db: Database
+) -> None:
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    for s in (services.runs, services.retention, services.webhooks):
+        s._clock = clock  # type: ignore[attr-defined]
+    key = await services.keys.create(Mode.TEST, "w")
+    who = await services.keys.authenticate(f"Bearer {key.key}")
+    await services.webhooks.create_endpoint(
+        who, url="https://8.8.8.8/hook", events=["flow.completed"]
+    )
+    flow = await services.flows.create(
+        who, {"name": "r", "steps": [{"id": "a", "type": "transform", "output": {}}]}
+    )
+    old = (await services.runs.start(who, flow_id=flow.flow_id, payload={})).run.run_id
+    worker = Worker(db, clock, services.wakeup)
+    await worker.run_once()
+    await worker.drain()
+    clock.advance(31 * 86400)
+    new = (await services.runs.start(who, flow_id=flow.flow_id, payload={})).run.run_id
+    await worker.run_once()
+    await worker.drain()
+    assert await services.retention.prune() == 1
+    remaining = [r.run_id for r in (await services.runs.list(who, limit=10, cursor=None)).data]
+    assert remaining == [new]
+    page = await services.webhooks.list_events(who, limit=100, cursor=None)
+    assert {e.run_id for e in page.data} == {new}
+    deliveries = await services.webhooks.list_deliveries(who, limit=100, cursor=None)
+    assert {d.run_id for d in deliveries.data} == {new}
+    assert old not in remaining
+    assert await services.retention.prune() == 0
