@@ -71,11 +71,10 @@ def _with_db(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+def _configure_logging(settings: Settings) -> None:
+    from flowhook.logs import configure
+
+    configure(settings.log_level, settings.log_format)
 
 
 def _print_welcome(seeded: Bootstrapped, base: str) -> None:
@@ -115,7 +114,7 @@ def serve(
     from flowhook.api.app import create_app
 
     settings = _settings(host=host, port=port, database_url=database_url)
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     base = f"http://{settings.host}:{settings.port}"
     application = create_app(settings, on_bootstrap=lambda seeded: _print_welcome(seeded, base))
     logging.getLogger("flowhook").info(
@@ -130,6 +129,7 @@ def serve(
         log_level=settings.log_level,
         access_log=access_log,
         lifespan="on",
+        log_config=None,
         timeout_graceful_shutdown=30,
     )
     uvicorn.Server(config).run()
@@ -149,7 +149,7 @@ def api(
 ) -> None:
     """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
     settings = _settings(host=host, port=port, database_url=database_url)
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     _with_db(settings, lambda db: _noop())
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
     uvicorn.run(
@@ -162,6 +162,7 @@ def api(
         http="httptools",
         log_level=settings.log_level,
         access_log=access_log,
+        log_config=None,
         timeout_graceful_shutdown=int(settings.shutdown_grace),
     )
 
@@ -182,7 +183,7 @@ def worker(
     SIGTERM drains: no new work, FLOWHOOK_SHUTDOWN_GRACE seconds for what is in flight, then
     unfinished runs are handed back to the other workers."""
     settings = _settings(worker_concurrency=concurrency, database_url=database_url)
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     asyncio.run(_work(settings))
 
 

@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535)
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
     log_level: str = "info"
+    log_format: str = Field(default="json", pattern="^(json|text)$")
     public_url: str | None = None
     """The base URL people reach this service at (for inbound hook URLs); default: the request's."""
 

@@ -10,6 +10,7 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flowhook import logs
 from flowhook.api.responses import error_response
 
 __all__ = ["RequestGuard"]
@@ -49,6 +50,7 @@ class RequestGuard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        logs.request_id.set(request_id)
         started = False
 
         async def send_with_id(message: Message) -> None:

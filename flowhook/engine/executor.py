@@ -26,6 +26,7 @@ import orjson
 
 from flowhook.clock import Clock
 from flowhook.definition import ExpressionError, Renderer, compile_value
+from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.events import make_event
@@ -185,6 +186,7 @@ class Executor:
         if run.status is RunStatus.QUEUED:
             run.started_at = now
             pending.values["started_at"] = now
+            metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
             pending.events.append(
                 self._event(
                     run,
@@ -360,6 +362,9 @@ class Executor:
     def _record(
         self, run: Run, pending: _Pending, ctx: Context, record: RunStep, *, will_retry: bool
     ) -> None:
+        metrics.STEP_SECONDS.labels(type=record.type, status=str(record.status)).observe(
+            (record.duration_ms or 0) / 1000
+        )
         pending.steps.append(record)
         pending.events.append(
             self._step_event(
@@ -455,6 +460,7 @@ class Executor:
         if run.status is RunStatus.QUEUED:  # started and finished in one commit
             changes = ((RunStatus.RUNNING, {}, True), *changes)
         await self._write(run, changes, pending.steps, pending.events)
+        metrics.RUNS_FINISHED.labels(flow_id=run.flow_id, status=str(status)).inc()
         run.status = status
         return status
 
@@ -482,6 +488,7 @@ class Executor:
         )
         values = {"finished_at": now, "duration_ms": duration}
         await self._write(run, ((RunStatus.CANCELLED, values, False),), [], [event])
+        metrics.RUNS_FINISHED.labels(flow_id=run.flow_id, status="cancelled").inc()
         return RunStatus.CANCELLED
 
 

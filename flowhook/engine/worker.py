@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import aiohttp
 
+from flowhook import logs
 from flowhook.clock import Clock
 from flowhook.engine.executor import Executor
 from flowhook.errors import StoreUnavailable
@@ -154,6 +155,8 @@ class Worker:
             await asyncio.gather(*self._inflight.values(), return_exceptions=True)
 
     async def _execute(self, run: Run) -> None:
+        logs.run_id.set(run.run_id)
+        logs.flow_id.set(run.flow_id)
         try:
             await self.executor.execute(run)
         except StoreUnavailable:

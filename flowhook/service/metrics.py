@@ -5,9 +5,10 @@ from __future__ import annotations
 from prometheus_client import Gauge
 
 from flowhook.service import Services
+from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as webhooks_store
 
-__all__ = ["refresh_gauges", "OLDEST_PENDING"]
+__all__ = ["refresh_gauges", "OLDEST_PENDING", "QUEUE_DEPTH", "OLDEST_QUEUED"]
 
 OLDEST_PENDING = Gauge(
     "flowhook_webhook_oldest_pending_seconds",
@@ -15,8 +16,17 @@ OLDEST_PENDING = Gauge(
 )
 
 
+QUEUE_DEPTH = Gauge("flowhook_queue_depth", "Runs queued and not yet started.")
+OLDEST_QUEUED = Gauge(
+    "flowhook_queue_oldest_seconds", "Age of the oldest queued run (0 when none is)."
+)
+
+
 async def refresh_gauges(services: Services) -> None:
     async with services.db.read() as conn:
         oldest = await webhooks_store.oldest_pending(conn)
-    age = (services.clock.now() - oldest).total_seconds() if oldest else 0.0
-    OLDEST_PENDING.set(max(0.0, age))
+        depth, oldest_run = await runs_store.queue_depth(conn)
+    now = services.clock.now()
+    OLDEST_PENDING.set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    QUEUE_DEPTH.set(depth)
+    OLDEST_QUEUED.set(max(0.0, (now - oldest_run).total_seconds()) if oldest_run else 0.0)

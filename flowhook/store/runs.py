@@ -43,6 +43,7 @@ __all__ = [
     "count_older_in_flight",
     "defer",
     "hand_back",
+    "queue_depth",
 ]
 
 NOTIFY_CHANNEL = "flowhook_runs"
@@ -504,3 +505,14 @@ async def hand_back(
         .values(lease_owner=None, lease_expires_at=None, available_at=now, claims=runs.c.claims - 1)
     )
     return int(result.rowcount)
+
+
+async def queue_depth(conn: AsyncConnection) -> tuple[int, datetime | None]:
+    """How many runs are queued, and when the oldest of them was."""
+    q = select(func.count(), func.min(runs.c.queued_at)).where(
+        runs.c.status == str(RunStatus.QUEUED)
+    )
+    count, oldest = (await conn.execute(q)).one()
+    if oldest is not None and oldest.tzinfo is None:
+        oldest = oldest.replace(tzinfo=UTC)
+    return int(count), oldest

@@ -1,0 +1,22 @@
+"""Prometheus metrics of the engine (served at ``/metrics`` by the process that runs it)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+__all__ = ["RUNS_FINISHED", "START_LATENCY", "STEP_SECONDS"]
+
+RUNS_FINISHED = Counter(
+    "flowhook_runs_finished_total", "Runs that reached a terminal status.", ["flow_id", "status"]
+)
+START_LATENCY = Histogram(
+    "flowhook_run_start_latency_seconds",
+    "From a run's 202 (queued_at) to a worker starting it.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+STEP_SECONDS = Histogram(
+    "flowhook_step_duration_seconds",
+    "Step durations by type and outcome.",
+    ["type", "status"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+)
