@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import event, text
@@ -45,7 +46,11 @@ class Database:
             _sqlite_setup(self.reader, sqlite_synchronous, begin="BEGIN")
         else:
             engine = create_async_engine(
-                self.async_url, pool_size=pool_size, max_overflow=pool_size, **common
+                self.async_url,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,  # a restarted server's dead connections are replaced
+                **common,
             )
             self.writer = self.reader = engine
 
@@ -84,18 +89,39 @@ class Database:
             await self.reader.dispose()
 
 
+_GONE = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
+    asyncpg.exceptions.InterfaceError,  # connection closed in the middle of an operation
+)
+
+
+def _database_gone(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, _GONE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
     """Errors that mean "the database is not there" become :class:`StoreUnavailable`."""
     try:
         yield
     except sa_exc.DBAPIError as exc:
-        if exc.connection_invalidated or isinstance(
-            exc, sa_exc.OperationalError | sa_exc.InterfaceError
+        if (
+            exc.connection_invalidated
+            or isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError)
+            or _database_gone(exc)
         ):
             raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
         raise
-    except (OSError, sa_exc.TimeoutError) as exc:
+    except (OSError, sa_exc.TimeoutError, sa_exc.PendingRollbackError) as exc:
         raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
 
 

@@ -40,20 +40,48 @@ class PgListener:
         self._dsn = dsn
         self._channels = channels
         self._conn: Any = None
+        self._closing = False
+        self._reconnect: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self._closing = False
+        if not await self._connect():
+            self._reconnect = asyncio.create_task(self._reconnect_loop())
+
+    async def _connect(self) -> bool:
         try:
-            self._conn = await asyncpg.connect(self._dsn)
+            conn = await asyncpg.connect(self._dsn)
             for channel in self._channels:
-                await self._conn.add_listener(channel, self._on_notify)
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("LISTEN unavailable, falling back to polling: %s", exc)
-            self._conn = None
+                await conn.add_listener(channel, self._on_notify)
+            conn.add_termination_listener(self._on_lost)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("LISTEN unavailable, polling until it is back: %s", exc)
+            return False
+        self._conn = conn
+        for wakeup in self._channels.values():
+            wakeup.notify()  # work may have been queued while we were not listening
+        return True
+
+    def _on_lost(self, _conn: Any) -> None:
+        self._conn = None
+        if not self._closing:
+            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.5
+        while not self._closing and not await self._connect():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, _payload: str) -> None:
         self._channels[channel].notify()
 
     async def stop(self) -> None:
+        self._closing = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reconnect
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=2)
