@@ -101,26 +101,8 @@ async def insert_run(
     idempotency_key: str | None = None,
     request_hash: str | None = None,
 ) -> None:
-    """Write a queued run; it is its own queue entry. Wakes PostgreSQL listeners at commit."""
-    await conn.execute(
-        runs.insert().values(
-            run_id=run.run_id,
-            workspace_id=run.workspace_id,
-            mode=str(run.mode),
-            flow_id=run.flow_id,
-            flow_version=run.flow_version,
-            trigger=run.trigger,
-            status=str(run.status),
-            payload=run.payload,
-            queued_at=run.queued_at,
-            available_at=run.queued_at,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-        )
-    )
-    conn.info.setdefault("wake", set()).add("runs")
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    """Write a queued run; it is its own queue entry. Wakes workers at commit."""
+    await insert_runs(conn, [(run, idempotency_key, request_hash)])
 
 
 async def insert_runs(
