@@ -73,6 +73,9 @@ def create_app(
         redoc_url=None,
         default_response_class=ORJSONResponse,
         lifespan=lifespan,
+        # Prometheus metrics are ours (/metrics); FastAPI's OpenTelemetry hooks would look up
+        # global providers on every request for nothing.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.include_router(system.router)
     app.include_router(runs.router, prefix="/api/v1")

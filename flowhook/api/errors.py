@@ -15,7 +15,7 @@ from starlette.responses import Response
 from flowhook import errors
 from flowhook.api.responses import error_response
 
-__all__ = ["STATUS", "install_error_handlers", "describe_validation_error"]
+__all__ = ["STATUS", "install_error_handlers", "describe_validation_error", "domain_error_response"]
 
 log = logging.getLogger("flowhook.api")
 
@@ -75,6 +75,15 @@ def describe_validation_error(error: dict[str, Any]) -> tuple[str, str, str]:
     return f"{place}{field} {text}", "invalid_request", field
 
 
+def domain_error_response(exc: errors.FlowhookError) -> Response:
+    """The JSON answer for a domain error (``Retry-After`` on 429 and 503)."""
+    status = status_of(exc)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    if isinstance(exc, errors.RateLimited):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return error_response(status, exc.message, exc.code, headers)
+
+
 HtmlErrorPage = Callable[[Request, int, str], Awaitable[Response]]
 
 
@@ -84,13 +93,9 @@ def install_error_handlers(app: FastAPI, html: HtmlErrorPage | None = None) -> N
     @app.exception_handler(errors.FlowhookError)
     async def _domain(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, errors.FlowhookError)
-        status = status_of(exc)
         if html is not None and not request.url.path.startswith("/api/"):
-            return await html(request, status, exc.message)
-        headers = {"Retry-After": "1"} if status == 503 else None
-        if isinstance(exc, errors.RateLimited):
-            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-        return error_response(status, exc.message, exc.code, headers)
+            return await html(request, status_of(exc), exc.message)
+        return domain_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: Exception) -> Response:

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowhook import logs
+from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.responses import error_response
 
 __all__ = ["RequestGuard"]
@@ -107,7 +108,10 @@ class RequestGuard:
             return message
 
         try:
-            await self.app(scope, counted_receive, send_with_id)
+            if scope["path"] == EXECUTE_PATH and scope["method"] == "POST":
+                await handle_execute(scope, counted_receive, send_with_id, headers, self.app)
+            else:
+                await self.app(scope, counted_receive, send_with_id)
         except _TooLarge:
             if not started:
                 await reply(

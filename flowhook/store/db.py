@@ -3,7 +3,9 @@
 SQLite is one file owned by one process: writes go through a single connection (a pool of
 one), so they queue in the process instead of failing with "database is locked", and each
 write transaction starts with ``BEGIN IMMEDIATE``. Reads use their own small pool; WAL lets
-them run beside the writer. PostgreSQL uses one pool for both.
+them run beside the writer. Statements run on the event loop's thread
+(:mod:`flowhook.store.sqlite_inline`), not on a thread per connection. PostgreSQL uses one
+pool for both.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 import asyncpg
 import orjson
 import sqlalchemy.exc as sa_exc
-from sqlalchemy import event, text
+from sqlalchemy import event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.config import async_database_url
 from flowhook.errors import StoreUnavailable
+from flowhook.store import sqlite_inline
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["Database"]
@@ -30,7 +33,14 @@ def _json_dumps(value: Any) -> str:
 
 
 class Database:
-    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        sqlite_synchronous: str = "FULL",
+        sqlite_busy_timeout: float = 10.0,
+        pool_size: int = 10,
+    ) -> None:
         self.url = url
         self.async_url = async_database_url(url)
         self.is_sqlite = self.async_url.startswith("sqlite")
@@ -38,6 +48,8 @@ class Database:
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
         if self.is_sqlite:
+            path = make_url(self.async_url).database or ":memory:"
+            common["async_creator"] = sqlite_inline.connect(path, busy_timeout=sqlite_busy_timeout)
             self.writer = create_async_engine(
                 self.async_url, pool_size=1, max_overflow=0, pool_timeout=60, **common
             )
@@ -133,7 +145,7 @@ def _sqlite_setup(engine: AsyncEngine, synchronous: str, *, begin: str) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA synchronous={synchronous}")
-        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA busy_timeout=0")  # lock waits are asynchronous (sqlite_inline)
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 

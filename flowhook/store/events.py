@@ -20,8 +20,10 @@ async def insert_events(
     conn: AsyncConnection, batch: Sequence[Event], *, to_endpoint: str | None = None
 ) -> int:
     """Write events and, in the same transaction, one delivery per enabled endpoint of the
-    event's workspace and mode that chose its type (the outbox's fan-out). All events of a
-    batch belong to one workspace and mode. Returns the number of deliveries queued."""
+    event's workspace and mode that chose its type (the outbox's fan-out). A batch may mix
+    workspaces and modes (the engine's group commit): one statement writes the events, one
+    query per workspace and mode finds the subscribers, one statement queues the deliveries.
+    Returns the number of deliveries queued."""
     if not batch:
         return 0
     await conn.execute(
@@ -40,18 +42,20 @@ async def insert_events(
             for e in batch
         ],
     )
-    first = batch[0]
+    targets: dict[tuple[str, Mode, str], list[str]] = {}
     if to_endpoint is not None:  # a test event: to that endpoint alone
-        wanted = [(to_endpoint, e.type) for e in batch]
+        for e in batch:
+            targets[(e.workspace_id, e.mode, e.type)] = [to_endpoint]
     else:
-        wanted = await webhooks_store.subscribers(
-            conn, first.workspace_id, first.mode, [e.type for e in batch]
-        )
-    if not wanted:
+        tenants: dict[tuple[str, Mode], set[str]] = {}
+        for e in batch:
+            tenants.setdefault((e.workspace_id, e.mode), set()).add(e.type)
+        for (workspace_id, mode), types in tenants.items():
+            found = await webhooks_store.subscribers(conn, workspace_id, mode, sorted(types))
+            for endpoint_id, event_type in found:
+                targets.setdefault((workspace_id, mode, event_type), []).append(endpoint_id)
+    if not targets:
         return 0
-    by_type: dict[str, list[str]] = {}
-    for endpoint_id, event_type in wanted:
-        by_type.setdefault(event_type, []).append(endpoint_id)
     rows = [
         {
             "id": new_id("dlv"),
@@ -67,7 +71,7 @@ async def insert_events(
             "created_at": e.created_at,
         }
         for e in batch
-        for endpoint_id in by_type.get(e.type, ())
+        for endpoint_id in targets.get((e.workspace_id, e.mode, e.type), ())
     ]
     await webhooks_store.insert_deliveries(conn, rows)
     return len(rows)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -348,30 +348,63 @@ class Progress:
     events: Sequence[Event] = ()
 
 
+def _sources(status: RunStatus) -> list[str]:
+    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
+        return [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
+    return sources_of(status)
+
+
 async def apply_progress(
     conn: AsyncConnection, items: Sequence[Progress], *, owner: str
 ) -> list[bool]:
     """Apply many runs' writes in one transaction (group commit). An item whose guard fails
-    (lease lost, cancel requested) writes nothing and answers ``False``; the others go on."""
+    (lease lost, cancel requested, a move its status does not allow) writes nothing and
+    answers ``False``; the others go on.
+
+    A fixed number of statements whatever the batch size: one read of the guarded columns of
+    every run (locked on PostgreSQL, so the guards hold until commit; SQLite's write
+    transaction already excludes every other writer), one UPDATE per shape of changes
+    (executemany), and one statement each for the events, their deliveries and the steps.
+    """
+    if not items:
+        return []
+    guarded = select(runs.c.run_id, runs.c.status, runs.c.cancel_requested_at).where(
+        runs.c.run_id.in_([item.run_id for item in items]), runs.c.lease_owner == owner
+    )
+    if conn.dialect.name == "postgresql":
+        guarded = guarded.order_by(runs.c.run_id).with_for_update()
+    current = {r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)}
     results: list[bool] = []
+    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     steps: list[tuple[str, RunStep]] = []
+    events: list[Event] = []
     for item in items:
-        ok = True
-        for status, values, honour_cancel in item.changes:
-            if not await _guarded_update(
-                conn,
-                item.run_id,
-                owner=owner,
-                status=status,
-                values=values,
-                honour_cancel=honour_cancel,
-            ):
-                ok = False  # the first change carries the guard: nothing of this item was written
-                break
-        if ok:
-            steps.extend((item.run_id, s) for s in item.steps)
-            await events_store.insert_events(conn, item.events)
+        state = current.get(item.run_id)
+        values: dict[str, Any] = {}
+        ok = state is not None
+        if state is not None:
+            status, cancel_requested = state
+            for target, changed, honour_cancel in item.changes:
+                if status not in _sources(target) or (
+                    honour_cancel and cancel_requested is not None
+                ):
+                    ok = False
+                    break
+                values.update(changed)
+                values["status"] = status = str(target)
+                if target.terminal:
+                    values["lease_owner"] = values["lease_expires_at"] = None
         results.append(ok)
+        if not ok:
+            continue
+        if item.changes:
+            values["b_run_id"] = item.run_id
+            updates.setdefault(tuple(sorted(values)), []).append(values)
+        steps.extend((item.run_id, s) for s in item.steps)
+        events.extend(item.events)
+    for rows in updates.values():
+        await conn.execute(update(runs).where(runs.c.run_id == bindparam("b_run_id")), rows)
+    await events_store.insert_events(conn, events)
     await _upsert_steps(conn, steps)
     return results
 

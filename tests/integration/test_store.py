@@ -9,16 +9,19 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import update
 
 from flowhook.clock import FakeClock
 from flowhook.engine.executor import Executor
+from flowhook.events import make_event
 from flowhook.ids import new_id
 from flowhook.service import Services
+from flowhook.store import events as events_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.migrate import current_revision, head_revision, migrate
-from flowhook.store.models import Mode, Run, RunStatus
-from flowhook.store.tables import metadata
+from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
+from flowhook.store.tables import metadata, runs
 
 FLOW: dict[str, Any] = {
     "name": "s",
@@ -187,3 +190,60 @@ async def test_idempotency_keys_are_unique_per_workspace_and_mode(db: Database) 
     with pytest.raises(IntegrityError):
         async with db.transaction() as conn:
             await runs_store.insert_run(conn, run(), idempotency_key="k", request_hash="h")
+
+
+async def test_a_group_commit_applies_each_run_or_nothing_of_it(
+    services: Services, db: Database
+) -> None:
+    """apply_progress batches every run's writes into a few statements; a run whose guard
+    fails (lease lost, cancel requested) writes nothing, and the others still go through."""
+    clock = FakeClock()
+    ids, who = await _queued(services, 3, clock)
+    now = clock.now()
+    async with db.transaction() as conn:
+        await runs_store.claim_runs(
+            conn, owner="me", now=now, lease_until=now + timedelta(seconds=30), limit=3
+        )
+    mine, stolen, cancelled = ids
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(runs).where(runs.c.run_id == stolen).values(lease_owner="someone-else")
+        )
+        assert await runs_store.request_cancel(conn, who.workspace_id, who.mode, cancelled, now)
+
+    def finished(run_id: str) -> runs_store.Progress:
+        event = make_event(
+            "flow.completed",
+            workspace_id=who.workspace_id,
+            mode=who.mode,
+            flow_id="wf_x",
+            run_id=run_id,
+            payload={"status": "completed"},
+            now=now,
+        )
+        return runs_store.Progress(
+            run_id,
+            (
+                (RunStatus.RUNNING, {"started_at": now}, True),
+                (RunStatus.COMPLETED, {"finished_at": now, "output": {"n": 1}}, True),
+            ),
+            [RunStep(0, "a", "transform", StepStatus.COMPLETED, 1, now, now, 0, {"x": 1})],
+            [event],
+        )
+
+    async with db.transaction() as conn:
+        results = await runs_store.apply_progress(
+            conn, [finished(mine), finished(stolen), finished(cancelled)], owner="me"
+        )
+    assert results == [True, False, False]
+    async with db.read() as conn:
+        done = await runs_store.get_run_by_id(conn, mine)
+        left = [await runs_store.get_run_by_id(conn, r) for r in (stolen, cancelled)]
+        raised = {e.run_id for e in await events_store.list_events_for_run(conn, mine)}
+        others = [await events_store.list_events_for_run(conn, r) for r in (stolen, cancelled)]
+    assert done is not None and done.status is RunStatus.COMPLETED and done.output == {"n": 1}
+    assert [s.step_id for s in done.steps] == ["a"]
+    assert raised == {mine}
+    for run in left:
+        assert run is not None and run.status is RunStatus.QUEUED and run.steps == []
+    assert others == [[], []]
