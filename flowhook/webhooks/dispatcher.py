@@ -6,9 +6,15 @@ delivery is tried again (same event id) when its lease runs out. Completions are
 groups: whatever finished while the previous group was being committed goes in the next
 transaction (group commit), so a busy dispatcher writes a few transactions a second, not one
 per delivery. The lease is at least three times the request
-timeout, so two processes never send the same attempt. Each endpoint has at most
-``per_endpoint`` deliveries in flight in this process, and a claim takes at most that many of
-one endpoint: a dead endpoint never holds back the others.
+timeout, so two processes never send the same attempt.
+
+Requests in flight are capped at ``concurrency`` in all and ``per_endpoint`` per endpoint. The
+process holds up to ``HOLD`` times as many deliveries (claimed, waiting for a request slot, or
+waiting for their completion to commit), so an endpoint's next deliveries are at hand the
+moment a response comes in, instead of after a commit and a claim (which held one endpoint
+to ~600 deliveries/s at 8 in flight). A claim takes at most ``HOLD * per_endpoint`` of one
+endpoint and none of an endpoint already holding that many: a dead endpoint ties up at most
+``per_endpoint`` request slots and never holds back the others.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from flowhook.webhooks.sender import build_headers, send
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger("flowhook.webhooks")
+
+HOLD = 4
+"""Deliveries held per request slot (see the module's docstring)."""
 
 
 class Dispatcher:
@@ -73,6 +82,11 @@ class Dispatcher:
         self.http: aiohttp.ClientSession | None = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._per_endpoint: Counter[str] = Counter()
+        """Deliveries this process holds per endpoint (claimed and not yet completed)."""
+        self._sending: dict[str, asyncio.Semaphore] = {}
+        """Per endpoint: at most ``per_endpoint`` requests in flight."""
+        self._send_slots = asyncio.Semaphore(concurrency)
+        """At most ``concurrency`` requests in flight in all."""
         self._stopping = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._done: list[tuple[store.Completion, asyncio.Future[None]]] = []
@@ -114,10 +128,11 @@ class Dispatcher:
 
     async def run_once(self) -> int:
         """Claim and start what is due now; how many deliveries were claimed."""
-        free = self.concurrency - len(self._inflight)
+        free = HOLD * self.concurrency - len(self._inflight)
         if free <= 0:
             return 0
-        busy = [ep for ep, n in self._per_endpoint.items() if n >= self.per_endpoint]
+        held = HOLD * self.per_endpoint
+        busy = [ep for ep, n in self._per_endpoint.items() if n >= held]
         now = self.clock.now()
         async with self.db.transaction() as conn:
             claimed = await store.claim_deliveries(
@@ -126,11 +141,13 @@ class Dispatcher:
                 now=now,
                 lease_until=now + self.lease,
                 limit=free,
-                per_endpoint=self.per_endpoint,
+                per_endpoint=held,
                 busy_endpoints=busy,
             )
         for due in claimed:
             self._per_endpoint[due.endpoint_id] += 1
+            if due.endpoint_id not in self._sending:
+                self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
             self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         return len(claimed)
 
@@ -150,6 +167,7 @@ class Dispatcher:
             self._per_endpoint[due.endpoint_id] -= 1
             if self._per_endpoint[due.endpoint_id] <= 0:
                 del self._per_endpoint[due.endpoint_id]
+                self._sending.pop(due.endpoint_id, None)
             self.wakeup.notify()
 
     async def _attempt(self, due: store.DueDelivery) -> None:
@@ -173,30 +191,32 @@ class Dispatcher:
                 )
             )  # fmt: skip
             return
-        previous = due.previous_secret
-        if previous and (
-            due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
-        ):
-            previous = None
-        headers = build_headers(
-            body=due.body,
-            event_id=due.event_id,
-            event_type=due.event_type,
-            delivery_id=due.id,
-            attempt=number,
-            secret=due.secret,
-            previous_secret=previous,
-            now=now,
-        )
-        result = await send(
-            self.http,
-            due.url,
-            due.body,
-            headers,
-            timeout=self.timeout,
-            allow_private=self.allow_private,
-            retry_throttled=self.retry_throttled,
-        )
+        async with self._sending[due.endpoint_id], self._send_slots:
+            now = self.clock.now()  # the attempt starts when its request may go out
+            previous = due.previous_secret
+            if previous and (
+                due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
+            ):
+                previous = None
+            headers = build_headers(
+                body=due.body,
+                event_id=due.event_id,
+                event_type=due.event_type,
+                delivery_id=due.id,
+                attempt=number,
+                secret=due.secret,
+                previous_secret=previous,
+                now=now,
+            )
+            result = await send(
+                self.http,
+                due.url,
+                due.body,
+                headers,
+                timeout=self.timeout,
+                allow_private=self.allow_private,
+                retry_throttled=self.retry_throttled,
+            )
         finished = self.clock.now()
         next_at: datetime | None = None
         if result.delivered:
@@ -303,9 +323,9 @@ class Dispatcher:
                 log.exception("dispatcher: claim failed")
                 await asyncio.sleep(1.0)
                 continue
-            if claimed and len(self._inflight) < self.concurrency:
+            if claimed and len(self._inflight) < HOLD * self.concurrency:
                 continue
-            if len(self._inflight) >= self.concurrency:
+            if len(self._inflight) >= HOLD * self.concurrency:
                 await self.wakeup.wait(self.poll_interval)
             else:
                 await self._idle_wait()

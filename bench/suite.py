@@ -1,0 +1,454 @@
+"""The benchmark suite: one command, both backends, a table of medians and a chart.
+
+    .venv/bin/python bench/suite.py                 # SQLite and PostgreSQL, medians of 3 (~15 min)
+    .venv/bin/python bench/suite.py --smoke         # every benchmark once, small (CI runs this)
+    .venv/bin/python bench/suite.py --backends sqlite --only accept,idle --repeat 5
+
+Each round starts a fresh database and a real `flowhook serve` (API, worker and dispatcher in
+one process, as a newcomer runs it) and drives it from this machine over 127.0.0.1:
+
+  accept      POST /api/v1/flows/execute under wrk at each --connections for --duration s:
+              runs/s accepted (each durable before its 202), p50, p99; and in the same round
+              an empty endpoint on the same stack (bench/reference_app.py), giving the ratio.
+              The worker executes the accepted runs meanwhile, as it would in production.
+  e2e         --e2e-runs runs of a three-transform flow, one endpoint subscribed to
+              flow.completed on a local receiver that checks every signature: completed
+              runs/s from the first submission until the last webhook arrived; then
+              execute → webhook latency p50/p99 at a fixed --e2e-rate for --duration s.
+  deliveries  --deliveries deliveries queued beforehand (events fanned out to --endpoints
+              endpoints on the receiver, default settings, so at most 8 requests in flight
+              per endpoint): signed deliveries/s from the first arrival to the last, every
+              attempt logged.
+  idle        --idle-runs runs one after another on an idle server: execute → flow.completed
+              received, p50 and p99.
+
+Prints every round, then a table of medians with the targets of issue 8, and writes
+bench/results/latest.json and bench/results/latest.png (the chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import (
+    BIN,
+    ROOT,
+    Receiver,
+    Server,
+    client,
+    create_flow,
+    fresh_database,
+    percentile,
+    running_server,
+    subscribe,
+    wrk_post,
+)
+
+Figures = dict[str, float]
+
+TARGETS: dict[str, tuple[str, float]] = {
+    "accept_c64_rps": (">=", 5000),
+    "accept_c64_p99": ("<=", 50),
+    "e2e_rps": (">=", 1500),
+    "deliveries_rps": (">=", 3000),
+    "idle_p50": ("<=", 20),
+}
+"""Issue 8's targets for SQLite in one process; PostgreSQL's is half of SQLite's figure."""
+
+LABELS: dict[str, str] = {
+    "accept_c16_rps": "accept c16, runs/s",
+    "accept_c16_p50": "accept c16, p50 ms",
+    "accept_c16_p99": "accept c16, p99 ms",
+    "accept_c64_rps": "accept c64, runs/s",
+    "accept_c64_p50": "accept c64, p50 ms",
+    "accept_c64_p99": "accept c64, p99 ms",
+    "empty_c16_rps": "empty endpoint c16, req/s",
+    "empty_c64_rps": "empty endpoint c64, req/s",
+    "ratio_c16": "accept / empty, c16",
+    "ratio_c64": "accept / empty, c64",
+    "e2e_rps": "end to end, completed runs/s",
+    "e2e_p50": "execute → webhook p50 ms",
+    "e2e_p99": "execute → webhook p99 ms",
+    "deliveries_rps": "deliveries/s",
+    "idle_p50": "idle execute → webhook p50 ms",
+    "idle_p99": "idle execute → webhook p99 ms",
+}
+
+
+# -- the benchmarks --------------------------------------------------------------------------
+
+
+def bench_accept(backend: str, args: argparse.Namespace) -> Figures:
+    figures: Figures = {}
+    for connections in args.connections:
+        with running_server(backend, args.postgres_url) as server:
+            flow_id = asyncio.run(_flow_for(server))
+            body = orjson.dumps({"flow_id": flow_id, "trigger": "api", "payload": {"n": 1}})
+            r = wrk_post(
+                f"{server.base}/api/v1/flows/execute",
+                body,
+                server.auth,
+                connections,
+                args.duration,
+            )
+        if r["non2xx"]:
+            raise RuntimeError(f"accept c{connections}: {r['non2xx']:.0f} answers were not 202")
+        figures[f"accept_c{connections}_rps"] = r["rps"]
+        figures[f"accept_c{connections}_p50"] = r["p50"]
+        figures[f"accept_c{connections}_p99"] = r["p99"]
+    reference = [str(BIN / "python"), str(ROOT / "bench" / "reference_app.py")]
+    with running_server(backend, args.postgres_url, command=reference) as server:
+        body = orjson.dumps({"flow_id": "wf_0", "trigger": "api", "payload": {"n": 1}})
+        for connections in args.connections:
+            r = wrk_post(f"{server.base}/bench/empty", body, {}, connections, args.duration)
+            figures[f"empty_c{connections}_rps"] = r["rps"]
+            figures[f"ratio_c{connections}"] = figures[f"accept_c{connections}_rps"] / r["rps"]
+    return figures
+
+
+async def _flow_for(server: Any) -> str:
+    async with client(server) as http:
+        return await create_flow(http)
+
+
+async def _execute(http: aiohttp.ClientSession, flow_id: str, n: int) -> str:
+    async with http.post(
+        "/api/v1/flows/execute", json={"flow_id": flow_id, "payload": {"n": n}}
+    ) as r:
+        if r.status != 202:
+            raise RuntimeError(f"execute answered {r.status}: {await r.text()}")
+        return str((await r.json())["run_id"])
+
+
+def bench_e2e(backend: str, args: argparse.Namespace) -> Figures:
+    with running_server(backend, args.postgres_url) as server:
+        return asyncio.run(_e2e(server, args))
+
+
+async def _e2e(server: Any, args: argparse.Namespace) -> Figures:
+    async with Receiver() as receiver, client(server) as http:
+        flow_id = await create_flow(http)
+        await subscribe(http, receiver, ["flow.completed"])
+        # Throughput: submit every run as fast as 64 connections go, until every webhook is in.
+        runs = args.e2e_runs
+        todo = iter(range(runs))
+        started = time.perf_counter()
+
+        async def submitter() -> None:
+            for n in todo:
+                await _execute(http, flow_id, n)
+
+        await asyncio.gather(*(submitter() for _ in range(64)))
+        await receiver.wait_for_count(runs, timeout=max(120, runs / 50))
+        throughput = runs / (receiver.last - started)
+        if receiver.bad_signatures:
+            raise RuntimeError(f"{receiver.bad_signatures} webhooks had a bad signature")
+        # Latency at a fixed, moderate rate (open loop: sends do not wait for answers).
+        receiver.reset()
+        sent: dict[str, float] = {}
+        count = max(1, round(args.e2e_rate * args.duration))
+        begin = time.perf_counter()
+
+        async def one(i: int) -> None:
+            await asyncio.sleep(max(0.0, begin + i / args.e2e_rate - time.perf_counter()))
+            at = time.perf_counter()
+            sent[await _execute(http, flow_id, i)] = at
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        await receiver.wait_for_count(count, timeout=120)
+        latencies = [(receiver.arrived[r] - at) * 1000 for r, at in sent.items()]
+    return {
+        "e2e_rps": throughput,
+        "e2e_p50": percentile(latencies, 50),
+        "e2e_p99": percentile(latencies, 99),
+    }
+
+
+def bench_deliveries(backend: str, args: argparse.Namespace) -> Figures:
+    workdir = Path(tempfile.mkdtemp(prefix="flowhook-bench-"))
+    with fresh_database(backend, workdir, args.postgres_url) as url:
+        return asyncio.run(_deliveries(Server(url, workdir), args))
+
+
+async def _deliveries(server: Any, args: argparse.Namespace) -> Figures:
+    from flowhook.clock import SystemClock
+    from flowhook.config import Settings
+    from flowhook.events import make_event
+    from flowhook.service import Services
+    from flowhook.store import events as events_store
+    from flowhook.store.db import Database
+    from flowhook.store.migrate import migrate
+    from flowhook.store.models import Mode
+    from flowhook.store.wakeup import Wakeup
+
+    async with Receiver() as receiver:
+        # Queue the events (one delivery each) before the server starts, then time it.
+        url = server.database_url
+        db = Database(url)
+        await migrate(db)
+        settings = Settings(database_url=url, allow_private_targets=True)
+        services = Services(db, SystemClock(), settings, Wakeup())
+        created = await services.keys.create(Mode.TEST, "bench")
+        who = await services.keys.authenticate(f"Bearer {created.key}")
+        for n in range(args.endpoints):
+            endpoint = await services.webhooks.create_endpoint(
+                who, url=receiver.url(n), events=["flow.completed"]
+            )
+            receiver.secrets[f"/hook/{n}"] = endpoint.secret.encode()
+        clock = SystemClock()
+        events = args.deliveries // args.endpoints
+        for start in range(0, events, 1000):
+            batch = [
+                make_event(
+                    "flow.completed",
+                    workspace_id=who.workspace_id,
+                    mode=who.mode,
+                    flow_id="wf_bench",
+                    run_id=f"run_{i}",
+                    payload={"i": i},
+                    now=clock.now(),
+                )
+                for i in range(start, min(start + 1000, events))
+            ]
+            async with db.transaction() as conn:
+                await events_store.insert_events(conn, batch)
+        await db.dispose()
+        await asyncio.to_thread(server.start)
+        try:
+            total = events * args.endpoints
+            await receiver.wait_for_count(total, timeout=max(120, total / 50))
+        finally:
+            await asyncio.to_thread(server.stop)
+        if receiver.bad_signatures:
+            raise RuntimeError(f"{receiver.bad_signatures} deliveries had a bad signature")
+        rate = total / max(receiver.last - receiver.first, 1e-9)
+    return {"deliveries_rps": rate}
+
+
+def bench_idle(backend: str, args: argparse.Namespace) -> Figures:
+    with running_server(backend, args.postgres_url) as server:
+        return asyncio.run(_idle(server, args))
+
+
+async def _idle(server: Any, args: argparse.Namespace) -> Figures:
+    async with Receiver() as receiver, client(server) as http:
+        flow_id = await create_flow(http)
+        await subscribe(http, receiver, ["flow.completed"])
+        latencies = []
+        for i in range(args.idle_runs):
+            at = time.perf_counter()
+            run_id = await _execute(http, flow_id, i)
+            arrived = await asyncio.wait_for(receiver.expect(run_id), timeout=30)
+            latencies.append((arrived - at) * 1000)
+            await asyncio.sleep(0.02)  # idle again before the next one
+    return {"idle_p50": percentile(latencies, 50), "idle_p99": percentile(latencies, 99)}
+
+
+BENCHMARKS: dict[str, Callable[[str, argparse.Namespace], Figures]] = {
+    "accept": bench_accept,
+    "e2e": bench_e2e,
+    "deliveries": bench_deliveries,
+    "idle": bench_idle,
+}
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if key.startswith("ratio"):
+        return f"{value:.2f}"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def verdicts(medians: dict[str, Figures]) -> dict[str, dict[str, str]]:
+    """Per backend and target figure: 'met' or 'not met' (PostgreSQL: within half of
+    SQLite's figure, so at least half a throughput and at most twice a latency)."""
+    out: dict[str, dict[str, str]] = {}
+    sqlite = medians.get("sqlite", {})
+    for backend, figures in medians.items():
+        out[backend] = {}
+        for key, (op, goal) in TARGETS.items():
+            if key not in figures:
+                continue
+            value = figures[key]
+            if backend == "postgresql":
+                if key not in sqlite:
+                    continue
+                goal = sqlite[key] / 2 if op == ">=" else sqlite[key] * 2
+            ok = value >= goal if op == ">=" else value <= goal
+            out[backend][key] = f"{'met' if ok else 'not met'} ({op} {_fmt(key, goal)})"
+    return out
+
+
+def print_table(medians: dict[str, Figures], repeat: int) -> None:
+    backends = list(medians)
+    keys = [k for k in LABELS if any(k in medians[b] for b in backends)]
+    judged = verdicts(medians)
+    head = [
+        "figure",
+        *[f"{b} (median of {repeat})" for b in backends],
+        *[f"{b} target" for b in backends],
+    ]
+    rows = [
+        [
+            LABELS[k],
+            *[_fmt(k, medians[b].get(k)) for b in backends],
+            *[judged[b].get(k, "") for b in backends],
+        ]
+        for k in keys
+    ]
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=True)]
+    line = "  ".join("-" * w for w in widths)
+    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    print(line)
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    print(line)
+
+
+def write_chart(medians: dict[str, Figures], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [
+        ("Throughput (per second)", ["accept_c16_rps", "accept_c64_rps", "empty_c64_rps",
+                                     "e2e_rps", "deliveries_rps"]),
+        ("Latency (ms)", ["accept_c16_p99", "accept_c64_p99", "e2e_p50", "e2e_p99",
+                          "idle_p50", "idle_p99"]),
+    ]  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    backends = list(medians)
+    for ax, (title, keys) in zip(axes, groups, strict=True):
+        keys = [k for k in keys if any(k in medians[b] for b in backends)]
+        width = 0.8 / max(1, len(backends))
+        for i, backend in enumerate(backends):
+            xs = [j + i * width for j in range(len(keys))]
+            values = [medians[backend].get(k, 0.0) for k in keys]
+            bars = ax.bar(xs, values, width, label=backend)
+            ax.bar_label(bars, labels=[_fmt(k, v) for k, v in zip(keys, values, strict=True)],
+                         fontsize=7)  # fmt: skip
+        for j, key in enumerate(keys):
+            if key in TARGETS:
+                goal = TARGETS[key][1]
+                ax.hlines(goal, j - 0.1, j + 0.8, colors="red", linestyles="dashed", linewidth=1)
+        ax.set_xticks([j + width * (len(backends) - 1) / 2 for j in range(len(keys))])
+        ax.set_xticklabels([LABELS[k].replace(", ", "\n") for k in keys], fontsize=7)
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle("Flowhook benchmarks (medians; red dashes: issue 8 targets for SQLite)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--only", default=",".join(BENCHMARKS), help="which benchmarks")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per load run")
+    parser.add_argument("--connections", default="16,64")
+    parser.add_argument("--e2e-runs", type=int, default=10000)
+    parser.add_argument("--e2e-rate", type=float, default=200.0, help="runs/s for latency")
+    parser.add_argument("--deliveries", type=int, default=10000)
+    parser.add_argument("--endpoints", type=int, default=8, help="for the deliveries")
+    parser.add_argument("--idle-runs", type=int, default=200)
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(
+            "FLOWHOOK_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a server where a database per round is created and dropped",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--smoke", action="store_true", help="every benchmark once and small: checks it runs"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.repeat, args.duration, args.e2e_runs, args.e2e_rate = 1, 2.0, 300, 50.0
+        args.deliveries, args.idle_runs = 300, 20
+    args.connections = [int(c) for c in args.connections.split(",")]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    chosen = [b.strip() for b in args.only.split(",") if b.strip()]
+    for name in chosen:
+        if name not in BENCHMARKS:
+            parser.error(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    for backend in backends:
+        if backend not in ("sqlite", "postgresql"):
+            parser.error(f"unknown backend {backend!r}: sqlite or postgresql")
+
+    print(
+        f"Flowhook benchmarks: {', '.join(chosen)} on {', '.join(backends)}; "
+        f"{args.repeat} round(s); {os.cpu_count()} cores; Python {platform.python_version()}",
+        flush=True,
+    )
+    rounds: dict[str, list[Figures]] = {b: [] for b in backends}
+    for backend in backends:
+        for i in range(args.repeat):
+            figures: Figures = {}
+            for name in chosen:
+                started = time.perf_counter()
+                got = BENCHMARKS[name](backend, args)
+                figures.update(got)
+                shown = ", ".join(f"{LABELS[k]} {_fmt(k, v)}" for k, v in got.items())
+                print(
+                    f"  {backend} round {i + 1} {name} ({time.perf_counter() - started:.0f} s): {shown}",
+                    flush=True,
+                )
+            rounds[backend].append(figures)
+    medians = {
+        b: {k: statistics.median(r[k] for r in rs if k in r) for k in rs[0]}
+        for b, rs in rounds.items()
+        if rs
+    }
+    print()
+    print_table(medians, args.repeat)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+            ).stdout.strip(),
+        },
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "postgres_url")},
+        "rounds": rounds,
+        "medians": medians,
+        "targets": verdicts(medians),
+    }
+    (args.out / "latest.json").write_text(json.dumps(report, indent=2, default=str))
+    write_chart(medians, args.out / "latest.png")
+    print(f"\nwrote {args.out / 'latest.json'} and {args.out / 'latest.png'}")
+
+
+if __name__ == "__main__":
+    main()
