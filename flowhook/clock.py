@@ -37,5 +37,4 @@ class FakeClock:
 
 def isoformat(when: datetime) -> str:
     """ISO 8601 UTC with millisecond precision and a ``Z``: ``2026-11-22T10:15:30.123Z``."""
-    when = when.astimezone(UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -27,7 +27,7 @@ from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
-from flowhook.store.models import Run
+from flowhook.store.models import Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 from flowhook.targets import GuardedResolver
 
@@ -74,6 +74,8 @@ class Worker:
             db, clock, self.owner, max_claims=max_claims, apply=self._writes.submit
         )
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._last_limit = 0
+        """How many the last claim could take."""
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -138,6 +140,7 @@ class Worker:
     async def run_once(self) -> int:
         """Claim and start what is due now; the number of runs claimed."""
         free = self.concurrency - len(self._inflight)
+        self._last_limit = free
         if free <= 0:
             return 0
         now = self.clock.now()
@@ -157,8 +160,9 @@ class Worker:
     async def _execute(self, run: Run) -> None:
         logs.run_id.set(run.run_id)
         logs.flow_id.set(run.flow_id)
+        left: RunStatus | None = None
         try:
-            await self.executor.execute(run)
+            left = await self.executor.execute(run)
         except StoreUnavailable:
             log.warning("run %s: store unavailable; it resumes when its lease expires", run.run_id)
         except asyncio.CancelledError:
@@ -166,8 +170,13 @@ class Worker:
         except Exception:
             log.exception("run %s: unexpected error in the engine", run.run_id)
         finally:
+            was_full = len(self._inflight) >= self.concurrency
             self._inflight.pop(run.run_id, None)
-            self.wakeup.notify()
+            # Claim again when runs may be waiting for room, or when this run sleeps until a
+            # time the idle wait does not know yet; not after every finished run (that claim
+            # found nothing most of the time, and cost a write transaction).
+            if was_full or left is RunStatus.RUNNING:
+                self.wakeup.notify()
 
     async def _idle_wait(self) -> None:
         timeout = self.poll_interval
@@ -196,8 +205,8 @@ class Worker:
                 log.exception("worker: claim failed")
                 await asyncio.sleep(1.0)
                 continue
-            if claimed and len(self._inflight) < self.concurrency:
-                continue  # more may be due
+            if claimed >= self._last_limit and len(self._inflight) < self.concurrency:
+                continue  # the batch was full: more may be due (a partial one took it all)  # more may be due
             if len(self._inflight) >= self.concurrency:
                 await self.wakeup.wait(self.poll_interval)  # a finishing run wakes us
             else:

@@ -55,6 +55,11 @@ class LeaseLost(Exception):
 
 _RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
 
+_CLAIMABLE = text("runs.status IN ('queued', 'running')")
+"""Written out, not bound: SQLite uses the partial index ix_runs_claimable only when a query
+states its condition literally (with ``IN (?, ?)`` it scanned every run: a claim took 1.5 ms
+at 8,000 runs and kept growing), and so do PostgreSQL's generic plans."""
+
 
 def _run(row: Any) -> Run:
     return Run(
@@ -221,10 +226,7 @@ async def claim_runs(
     """
     due = (
         select(runs.c.run_id)
-        .where(
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
-            runs.c.available_at <= now,
-        )
+        .where(_CLAIMABLE, runs.c.available_at <= now)
         .order_by(runs.c.available_at)
         .limit(limit)
     )
@@ -448,9 +450,7 @@ async def request_cancel(
 
 async def next_due(conn: AsyncConnection) -> datetime | None:
     """When the next queued or sleeping run becomes claimable."""
-    q = select(func.min(runs.c.available_at)).where(
-        runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)])
-    )
+    q = select(func.min(runs.c.available_at)).where(_CLAIMABLE)
     value = (await conn.execute(q)).scalar_one_or_none()
     if value is None:
         return None
