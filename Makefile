@@ -10,7 +10,7 @@ help:
 	@echo "make serve      set up and start Flowhook on SQLite (http://127.0.0.1:8080)"
 	@echo "make test       set up, make sure PostgreSQL is up, run every test"
 	@echo "make check      ruff, format check and mypy"
-	@echo "make bench      load benchmarks (see bench/README.md)"
+	@echo "make bench      the benchmark suite on SQLite and PostgreSQL (see bench/README.md)"
 
 $(BIN)/flowhook: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,7 @@ serve: install
 test: install
 	scripts/ensure-postgres
 	scripts/ensure-chromium
+	scripts/ensure-wrk
 	$(BIN)/pytest
 
 lint: install
@@ -42,8 +43,9 @@ typecheck: install
 check: lint typecheck
 
 bench: install
-	$(BIN)/python bench/accept.py
-	$(BIN)/python bench/complete.py
+	scripts/ensure-postgres
+	scripts/ensure-wrk
+	$(BIN)/python bench/suite.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache flowhook.db flowhook.db-*

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -355,7 +356,7 @@ def write_chart(medians: dict[str, Figures], path: Path) -> None:
                 goal = TARGETS[key][1]
                 ax.hlines(goal, j - 0.1, j + 0.8, colors="red", linestyles="dashed", linewidth=1)
         ax.set_xticks([j + width * (len(backends) - 1) / 2 for j in range(len(keys))])
-        ax.set_xticklabels([LABELS[k].replace(", ", "\n") for k in keys], fontsize=7)
+        ax.set_xticklabels([textwrap.fill(LABELS[k], 14) for k in keys], fontsize=7)
         ax.set_title(title)
         ax.legend()
     fig.suptitle("Flowhook benchmarks (medians; red dashes: issue 8 targets for SQLite)")

@@ -31,7 +31,7 @@ from flowhook.store.models import Mode, Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 
 sys.path.insert(0, str(Path(__file__).parent))
-from accept import FLOW, FLOWHOOK
+from harness import FLOW, FLOWHOOK
 
 
 async def one_round(server: str, runs: int, workers: int) -> float:

@@ -19,6 +19,7 @@ from rich.table import Table
 from flowhook.clock import SystemClock, isoformat
 from flowhook.config import Settings
 from flowhook.errors import FlowhookError
+from flowhook.gctune import tune_for_server
 from flowhook.service.auth import KeyService
 from flowhook.service.bootstrap import EXAMPLE_PAYLOAD, Bootstrapped
 from flowhook.store.db import Database
@@ -132,6 +133,7 @@ def serve(
         log_config=None,
         timeout_graceful_shutdown=30,
     )
+    tune_for_server()
     uvicorn.Server(config).run()
 
 
@@ -184,6 +186,7 @@ def worker(
     unfinished runs are handed back to the other workers."""
     settings = _settings(worker_concurrency=concurrency, database_url=database_url)
     _configure_logging(settings)
+    tune_for_server()
     asyncio.run(_work(settings))
 
 

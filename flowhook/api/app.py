@@ -15,6 +15,7 @@ from flowhook.api.responses import ORJSONResponse
 from flowhook.api.routes import flows, hooks, runs, schedules, system, webhooks
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
+from flowhook.gctune import tune_for_server
 from flowhook.runtime import Runtime
 from flowhook.service import Services
 from flowhook.service.bootstrap import Bootstrapped, bootstrap
@@ -94,4 +95,5 @@ def create_app(
 def api_app() -> FastAPI:
     """For ``flowhook api --workers N``: an HTTP-only app built from ``FLOWHOOK_*`` (the
     command migrates once before the workers start)."""
+    tune_for_server()
     return create_app(Settings(), run_worker=False, run_migrations=False)

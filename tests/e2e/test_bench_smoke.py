@@ -1,0 +1,42 @@
+"""The benchmark suite still runs: every benchmark once, small, on both backends (a smoke
+run; the figures are not judged here, only that each was measured and the report written)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI, PG_URL
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = [
+    "accept_c16_rps", "accept_c64_rps", "accept_c64_p99", "empty_c64_rps", "ratio_c64",
+    "e2e_rps", "e2e_p50", "e2e_p99", "deliveries_rps", "idle_p50", "idle_p99",
+]  # fmt: skip
+
+
+def test_the_benchmark_suite_runs_on_both_backends(tmp_path: Path) -> None:
+    backends = ["sqlite"]
+    if PG_URL:
+        backends.append("postgresql")
+    elif IN_CI:
+        pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
+    command = [sys.executable, str(ROOT / "bench" / "suite.py"), "--smoke"]
+    command += ["--backends", ",".join(backends), "--out", str(tmp_path)]
+    if PG_URL:
+        command += ["--postgres-url", PG_URL]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "latest.json").read_text())
+    for backend in backends:
+        measured = report["medians"][backend]
+        for figure in FIGURES:
+            assert measured[figure] > 0, (backend, figure, measured)
+    assert (tmp_path / "latest.png").stat().st_size > 10_000
+    assert "accept c64, runs/s" in done.stdout  # the table was printed
