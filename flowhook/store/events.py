@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
+from flowhook.store import bulk
 from flowhook.store import webhooks as webhooks_store
 from flowhook.store.models import Event, Mode
 from flowhook.store.tables import events
@@ -26,8 +27,9 @@ async def insert_events(
     Returns the number of deliveries queued."""
     if not batch:
         return 0
-    await conn.execute(
-        events.insert(),
+    await bulk.insert(
+        conn,
+        events,
         [
             {
                 "id": e.id,

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store import bulk
 from flowhook.store import events as events_store
 from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep, StepStatus, sources_of
 from flowhook.store.tables import run_steps, runs
@@ -116,8 +116,9 @@ async def insert_runs(
     """Write many queued runs in one statement: (run, idempotency key, request hash) each."""
     if not batch:
         return
-    await conn.execute(
-        runs.insert(),
+    await bulk.insert(
+        conn,
+        runs,
         [
             {
                 "run_id": run.run_id,
@@ -289,18 +290,9 @@ async def _guarded_update(
 
 
 async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep]]) -> None:
-    if not rows:
-        return
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = dialect_insert(run_steps)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[run_steps.c.run_id, run_steps.c.idx],
-        set_={
-            c.name: stmt.excluded[c.name] for c in run_steps.c if c.name not in ("run_id", "idx")
-        },
-    )
-    await conn.execute(
-        stmt,
+    await bulk.insert(
+        conn,
+        run_steps,
         [
             {
                 "run_id": run_id,
@@ -317,6 +309,7 @@ async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep
             }
             for run_id, s in rows
         ],
+        update_on_conflict=("run_id", "idx"),
     )
 
 

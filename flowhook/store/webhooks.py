@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store import bulk
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
 from flowhook.store.tables import (
     deliveries,
@@ -186,7 +187,7 @@ async def insert_deliveries(conn: AsyncConnection, rows: Sequence[dict[str, Any]
     """Queue deliveries; PostgreSQL listeners hear of them at commit."""
     if not rows:
         return
-    await conn.execute(deliveries.insert(), list(rows))
+    await bulk.insert(conn, deliveries, rows)
     conn.info.setdefault("wake", set()).add("deliveries")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {DELIVERY_CHANNEL}"))
@@ -274,8 +275,9 @@ async def claim_deliveries(
     if not claimed_ids:
         return []
     # Every attempt is logged before it is sent: its line is written with the claim.
-    await conn.execute(
-        delivery_attempts.insert(),
+    await bulk.insert(
+        conn,
+        delivery_attempts,
         [{"delivery_id": r.id, "number": r.attempts, "started_at": now} for r in claimed],
     )
     q = (
