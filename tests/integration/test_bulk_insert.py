@@ -102,9 +102,13 @@ async def test_a_duplicate_key_is_an_integrity_error_and_rolls_back(
     db = Database(f"sqlite:///{path}")
     async with db.transaction() as conn:
         await bulk.insert(conn, runs, _runs()[:1])
-    with pytest.raises(sa_exc.IntegrityError):
+
+    async def new_rows_then_a_duplicate() -> None:
         async with db.transaction() as conn:
             await bulk.insert(conn, runs, _runs()[1:])  # written, then rolled back with…
             await bulk.insert(conn, runs, _runs()[:1])  # …the duplicate
+
+    with pytest.raises(sa_exc.IntegrityError):
+        await new_rows_then_a_duplicate()
     await db.dispose()
     assert [r[0] for r in _dump(path)["runs"]] == ["run_0"]
