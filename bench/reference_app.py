@@ -17,6 +17,7 @@ from flowhook.api.app import create_app
 from flowhook.api.models import ExecuteRequest
 from flowhook.api.responses import ORJSONResponse
 from flowhook.config import Settings
+from flowhook.gctune import tune_for_server
 
 ACCEPTED = {"run_id": "run_0", "flow_id": "wf_0", "status": "queued", "queued_at": ""}
 
@@ -33,6 +34,7 @@ def build(settings: Settings) -> FastAPI:
 
 def main() -> None:
     settings = Settings()
+    tune_for_server()  # as `flowhook serve` does
     uvicorn.Server(  # the options `flowhook serve` uses
         uvicorn.Config(
             build(settings),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, text, update
+from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -370,7 +370,7 @@ async def apply_progress(
         guarded = guarded.order_by(runs.c.run_id).with_for_update()
     current = {r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)}
     results: list[bool] = []
-    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    updates: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     steps: list[tuple[str, RunStep]] = []
     events: list[Event] = []
     for item in items:
@@ -393,12 +393,11 @@ async def apply_progress(
         if not ok:
             continue
         if item.changes:
-            values["b_run_id"] = item.run_id
-            updates.setdefault(tuple(sorted(values)), []).append(values)
+            updates.setdefault(tuple(sorted(values)), []).append((values, {"run_id": item.run_id}))
         steps.extend((item.run_id, s) for s in item.steps)
         events.extend(item.events)
     for rows in updates.values():
-        await conn.execute(update(runs).where(runs.c.run_id == bindparam("b_run_id")), rows)
+        await bulk.update(conn, runs, rows)
     await events_store.insert_events(conn, events)
     await _upsert_steps(conn, steps)
     return results

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, select, text, update
+from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -341,59 +341,44 @@ async def finish_attempts(
     attempt's line still records what this attempt saw."""
     if not completions:
         return
-    await conn.execute(
-        update(deliveries)
-        .where(_D.id == bindparam("b_id"), _D.lease_owner == owner)
-        .values(
-            status=bindparam("b_status"),
-            last_status_code=bindparam("b_code"),
-            last_error=bindparam("b_error"),
-            next_attempt_at=bindparam("b_next"),
-            finished_at=bindparam("b_finished"),
-            lease_owner=None,
-            lease_expires_at=None,
-        ),
+    await bulk.update(
+        conn,
+        deliveries,
         [
-            {
-                "b_id": c.delivery_id,
-                "b_status": str(c.status),
-                "b_code": c.attempt.status_code,
-                "b_error": c.last_error,
-                "b_next": c.next_attempt_at or c.attempt.finished_at,
-                "b_finished": None if c.status is DeliveryStatus.PENDING else c.attempt.finished_at,
-            }
+            (
+                {
+                    "status": str(c.status),
+                    "last_status_code": c.attempt.status_code,
+                    "last_error": c.last_error,
+                    "next_attempt_at": c.next_attempt_at or c.attempt.finished_at,
+                    "finished_at": None
+                    if c.status is DeliveryStatus.PENDING
+                    else c.attempt.finished_at,
+                    "lease_owner": None,
+                    "lease_expires_at": None,
+                },
+                {"id": c.delivery_id, "lease_owner": owner},
+            )
             for c in completions
         ],
     )
-    await conn.execute(
-        update(delivery_attempts)
-        .where(
-            delivery_attempts.c.delivery_id == bindparam("b_id"),
-            delivery_attempts.c.number == bindparam("b_number"),
-        )
-        .values(
-            finished_at=bindparam("b_finished"),
-            duration_ms=bindparam("b_duration"),
-            address=bindparam("b_address"),
-            status_code=bindparam("b_code"),
-            response_excerpt=bindparam("b_excerpt"),
-            error_class=bindparam("b_class"),
-            error_detail=bindparam("b_detail"),
-            next_attempt_at=bindparam("b_next"),
-        ),
+    await bulk.update(
+        conn,
+        delivery_attempts,
         [
-            {
-                "b_id": c.delivery_id,
-                "b_number": c.attempt.number,
-                "b_finished": c.attempt.finished_at,
-                "b_duration": c.attempt.duration_ms,
-                "b_address": c.attempt.address,
-                "b_code": c.attempt.status_code,
-                "b_excerpt": c.attempt.response_excerpt,
-                "b_class": c.attempt.error_class,
-                "b_detail": c.attempt.error_detail,
-                "b_next": c.attempt.next_attempt_at,
-            }
+            (
+                {
+                    "finished_at": c.attempt.finished_at,
+                    "duration_ms": c.attempt.duration_ms,
+                    "address": c.attempt.address,
+                    "status_code": c.attempt.status_code,
+                    "response_excerpt": c.attempt.response_excerpt,
+                    "error_class": c.attempt.error_class,
+                    "error_detail": c.attempt.error_detail,
+                    "next_attempt_at": c.attempt.next_attempt_at,
+                },
+                {"delivery_id": c.delivery_id, "number": c.attempt.number},
+            )
             for c in completions
         ],
     )

@@ -1,5 +1,6 @@
-"""SQLite's bulk path stores exactly what SQLAlchemy's executemany stores, byte for byte, and
-raises the same errors (an idempotency race still surfaces as an IntegrityError)."""
+"""SQLite's bulk path stores exactly what SQLAlchemy's executemany stores, byte for byte, for
+inserts, upserts and updates, and raises the same errors (an idempotency race still surfaces
+as an IntegrityError)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,22 @@ async def _write(db: Database) -> None:
         await bulk.insert(conn, runs, _runs())
         await bulk.insert(conn, run_steps, _steps("running"), update_on_conflict=("run_id", "idx"))
         await bulk.insert(conn, events, _events())
-    async with db.transaction() as conn:  # an upsert over existing rows
+    async with db.transaction() as conn:  # an upsert over existing rows, and updates by key
         await bulk.insert(
             conn, run_steps, _steps("completed"), update_on_conflict=("run_id", "idx")
         )
+        await bulk.update(
+            conn,
+            runs,
+            [
+                (
+                    {"status": "completed", "finished_at": NOW.astimezone(ELSEWHERE),
+                     "output": None if i else {"z": [i]}, "error": None, "lease_owner": None},
+                    {"run_id": f"run_{i}", "status": "queued"},
+                )
+                for i in range(3)
+            ],
+        )  # fmt: skip
 
 
 def _dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -92,6 +105,7 @@ async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
     stored = _dump(fast)
     assert stored == _dump(slow)
     assert [r[4] for r in stored["run_steps"]] == ["completed"] * 3  # the upsert replaced them
+    assert [r[6] for r in stored["runs"]] == ["completed"] * 3  # the updates reached each run
 
 
 async def test_a_duplicate_key_is_an_integrity_error_and_rolls_back(
