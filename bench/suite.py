@@ -10,7 +10,9 @@ one process, as a newcomer runs it) and drives it from this machine over 127.0.0
   accept      POST /api/v1/flows/execute under wrk at each --connections for --duration s:
               runs/s accepted (each durable before its 202), p50, p99; and in the same round
               an empty endpoint on the same stack (bench/reference_app.py), giving the ratio.
-              The worker executes the accepted runs meanwhile, as it would in production.
+              The worker executes the accepted runs meanwhile, as it would in production;
+              `flowhook api` alone (no engine in the process) at the highest --connections
+              shows the accept path's own capacity.
   e2e         --e2e-runs runs of a three-transform flow, one endpoint subscribed to
               flow.completed on a local receiver that checks every signature: completed
               runs/s from the first submission until the last webhook arrived; then
@@ -50,6 +52,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import (
     BIN,
+    FLOWHOOK,
     ROOT,
     Receiver,
     Server,
@@ -67,6 +70,8 @@ Figures = dict[str, float]
 TARGETS: dict[str, tuple[str, float]] = {
     "accept_c64_rps": (">=", 5000),
     "accept_c64_p99": ("<=", 50),
+    "api_only_rps": (">=", 5000),
+    "api_only_p99": ("<=", 50),
     "e2e_rps": (">=", 1500),
     "deliveries_rps": (">=", 3000),
     "idle_p50": ("<=", 20),
@@ -80,10 +85,13 @@ LABELS: dict[str, str] = {
     "accept_c64_rps": "accept c64, runs/s",
     "accept_c64_p50": "accept c64, p50 ms",
     "accept_c64_p99": "accept c64, p99 ms",
+    "api_only_rps": "accept c64, API process alone, runs/s",
+    "api_only_p99": "accept c64, API process alone, p99 ms",
     "empty_c16_rps": "empty endpoint c16, req/s",
     "empty_c64_rps": "empty endpoint c64, req/s",
     "ratio_c16": "accept / empty, c16",
     "ratio_c64": "accept / empty, c64",
+    "ratio_api_only": "API process alone / empty, c64",
     "e2e_rps": "end to end, completed runs/s",
     "e2e_p50": "execute → webhook p50 ms",
     "e2e_p99": "execute → webhook p99 ms",
@@ -114,6 +122,13 @@ def bench_accept(backend: str, args: argparse.Namespace) -> Figures:
         figures[f"accept_c{connections}_rps"] = r["rps"]
         figures[f"accept_c{connections}_p50"] = r["p50"]
         figures[f"accept_c{connections}_p99"] = r["p99"]
+    # The accept path's own capacity: `flowhook api` (HTTP only, no engine in the process).
+    top = max(args.connections)
+    with running_server(backend, args.postgres_url, command=[FLOWHOOK, "api"]) as server:
+        flow_id = asyncio.run(_flow_for(server))
+        body = orjson.dumps({"flow_id": flow_id, "trigger": "api", "payload": {"n": 1}})
+        r = wrk_post(f"{server.base}/api/v1/flows/execute", body, server.auth, top, args.duration)
+        figures["api_only_rps"], figures["api_only_p99"] = r["rps"], r["p99"]
     reference = [str(BIN / "python"), str(ROOT / "bench" / "reference_app.py")]
     with running_server(backend, args.postgres_url, command=reference) as server:
         body = orjson.dumps({"flow_id": "wf_0", "trigger": "api", "payload": {"n": 1}})
@@ -121,6 +136,7 @@ def bench_accept(backend: str, args: argparse.Namespace) -> Figures:
             r = wrk_post(f"{server.base}/bench/empty", body, {}, connections, args.duration)
             figures[f"empty_c{connections}_rps"] = r["rps"]
             figures[f"ratio_c{connections}"] = figures[f"accept_c{connections}_rps"] / r["rps"]
+        figures["ratio_api_only"] = figures["api_only_rps"] / figures[f"empty_c{top}_rps"]
     return figures
 
 
@@ -335,8 +351,8 @@ def write_chart(medians: dict[str, Figures], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = [
-        ("Throughput (per second)", ["accept_c16_rps", "accept_c64_rps", "empty_c64_rps",
-                                     "e2e_rps", "deliveries_rps"]),
+        ("Throughput (per second)", ["accept_c16_rps", "accept_c64_rps", "api_only_rps",
+                                     "empty_c64_rps", "e2e_rps", "deliveries_rps"]),
         ("Latency (ms)", ["accept_c16_p99", "accept_c64_p99", "e2e_p50", "e2e_p99",
                           "idle_p50", "idle_p99"]),
     ]  # fmt: skip

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = [
-    "accept_c16_rps", "accept_c64_rps", "accept_c64_p99", "empty_c64_rps", "ratio_c64",
+    "accept_c16_rps", "accept_c64_rps", "accept_c64_p99", "api_only_rps", "empty_c64_rps",
+    "ratio_c64", "ratio_api_only",
     "e2e_rps", "e2e_p50", "e2e_p99", "deliveries_rps", "idle_p50", "idle_p99",
 ]  # fmt: skip
 
