@@ -48,7 +48,9 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:  # the first of a repeated header, as Starlette reads it
+            headers.setdefault(k.decode("latin-1"), v.decode("latin-1"))
         request_id = headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         logs.request_id.set(request_id)

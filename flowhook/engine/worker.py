@@ -179,10 +179,11 @@ class Worker:
         finally:
             was_full = len(self._inflight) >= self.concurrency
             self._inflight.pop(run.run_id, None)
-            # Claim again when runs may be waiting for room, or when this run sleeps until a
-            # time the idle wait does not know yet; not after every finished run (that claim
-            # found nothing most of the time, and cost a write transaction).
-            if was_full or left is RunStatus.RUNNING:
+            # Claim again when runs may be waiting for room, or when this run was handed back
+            # until a time the idle wait does not know yet (a delay, a retry backoff, a flow's
+            # concurrency cap); not after every finished run (that claim found nothing most
+            # of the time, and cost a write transaction).
+            if was_full or (left is not None and not left.terminal):
                 self.wakeup.notify()
 
     async def _idle_wait(self) -> None:

@@ -48,8 +48,12 @@ class Database:
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
         if self.is_sqlite:
-            path = make_url(self.async_url).database or ":memory:"
-            common["async_creator"] = sqlite_inline.connect(path, busy_timeout=sqlite_busy_timeout)
+            # The URL's own options (``?uri=true&mode=ro``, ``?timeout=5``) as SQLAlchemy reads them.
+            parsed = make_url(self.async_url)
+            args, options = parsed.get_dialect()().create_connect_args(parsed)
+            common["async_creator"] = sqlite_inline.connect(
+                *args, busy_timeout=sqlite_busy_timeout, **options
+            )
             self.writer = create_async_engine(
                 self.async_url, pool_size=1, max_overflow=0, pool_timeout=60, **common
             )

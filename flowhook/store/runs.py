@@ -368,7 +368,9 @@ async def apply_progress(
     )
     if conn.dialect.name == "postgresql":
         guarded = guarded.order_by(runs.c.run_id).with_for_update()
-    current = {r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)}
+    current: dict[str, tuple[str, Any]] = {
+        r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)
+    }
     results: list[bool] = []
     updates: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     steps: list[tuple[str, RunStep]] = []
@@ -392,6 +394,12 @@ async def apply_progress(
         results.append(ok)
         if not ok:
             continue
+        # Were the run in this batch again (the executor awaits each write, so it is not),
+        # its next item would be guarded by this one's outcome: a finished run has no lease.
+        if values.get("lease_owner", owner) is None:
+            current.pop(item.run_id, None)
+        elif "status" in values:
+            current[item.run_id] = (values["status"], current[item.run_id][1])
         if item.changes:
             updates.setdefault(tuple(sorted(values)), []).append((values, {"run_id": item.run_id}))
         steps.extend((item.run_id, s) for s in item.steps)

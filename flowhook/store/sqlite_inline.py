@@ -79,8 +79,10 @@ class InlineCursor:
         return self
 
     async def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> InlineCursor:
-        rows = list(seq)  # a retry after SQLITE_BUSY must see the rows again
-        await self._conn._call(self._cursor.executemany, sql, rows)
+        # Not retried: outside a transaction each row commits alone, so a retry after
+        # SQLITE_BUSY would write the first rows twice. (Flowhook's writes run inside
+        # BEGIN IMMEDIATE, where no lock is met after the BEGIN.)
+        self._cursor.executemany(sql, seq)
         return self
 
     async def fetchone(self) -> Any:
@@ -175,13 +177,19 @@ class InlineConnection:
             self._conn.close()
 
 
-def connect(path: str, *, busy_timeout: float = 10.0) -> Callable[[], Any]:
-    """An ``async_creator`` for ``create_async_engine``: opens ``path`` on this thread."""
+def connect(database: str, *, busy_timeout: float = 10.0, **options: Any) -> Callable[[], Any]:
+    """An ``async_creator`` for ``create_async_engine``: opens ``database`` on this thread,
+    with the URL's ``sqlite3.connect`` options (``uri``, …) but our own lock handling."""
+    if "timeout" in options:
+        busy_timeout = float(options.pop("timeout"))
 
     async def creator() -> InlineConnection:
         # The driver does not manage transactions (isolation_level=None): Database emits
-        # BEGIN IMMEDIATE / BEGIN itself. busy_timeout=0: lock waits are retried above.
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
+        # BEGIN IMMEDIATE / BEGIN itself. timeout=0: lock waits are retried above.
+        conn = sqlite3.connect(
+            database,
+            **{**options, "isolation_level": None, "check_same_thread": False, "timeout": 0},
+        )
         return InlineConnection(conn, busy_timeout)
 
     return creator

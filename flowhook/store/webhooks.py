@@ -321,6 +321,18 @@ async def claim_deliveries(
     ]
 
 
+async def renew_delivery_lease(
+    conn: AsyncConnection, delivery_id: str, *, owner: str, until: datetime
+) -> bool:
+    """Extend a held delivery's lease to ``until``; ``False`` when ``owner`` lost it."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(_D.id == delivery_id, _D.lease_owner == owner, _DUE)
+        .values(lease_expires_at=until, next_attempt_at=until)
+    )
+    return bool(result.rowcount == 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """How one attempt ended, and what becomes of its delivery."""
@@ -368,6 +380,7 @@ async def finish_attempts(
         [
             (
                 {
+                    "started_at": c.attempt.started_at,
                     "finished_at": c.attempt.finished_at,
                     "duration_ms": c.attempt.duration_ms,
                     "address": c.attempt.address,

@@ -95,6 +95,8 @@ class Dispatcher:
         """Per endpoint: at most ``per_endpoint`` requests in flight."""
         self._send_slots = asyncio.Semaphore(concurrency)
         """At most ``concurrency`` requests in flight in all."""
+        self._leases: dict[str, datetime] = {}
+        """When the lease of each held delivery ends."""
         self._stopping = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._done: list[tuple[store.Completion, asyncio.Future[None]]] = []
@@ -154,9 +156,13 @@ class Dispatcher:
                 busy_endpoints=busy,
             )
         for due in claimed:
+            if due.id in self._inflight:  # pragma: no cover - leases are renewed before they end
+                log.warning("delivery %s: claimed again while still held here", due.id)
+                continue
             self._per_endpoint[due.endpoint_id] += 1
             if due.endpoint_id not in self._sending:
                 self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
+            self._leases[due.id] = now + self.lease
             self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         return len(claimed)
 
@@ -172,6 +178,7 @@ class Dispatcher:
         except Exception:
             log.exception("delivery %s: unexpected error", due.id)
         finally:
+            self._leases.pop(due.id, None)
             # Claim again only if the last claims may have left due work behind for want of
             # room (a claim after every completion found nothing most of the time, and each
             # cost a write transaction); new deliveries wake the loop themselves.
@@ -210,6 +217,8 @@ class Dispatcher:
             return
         async with self._sending[due.endpoint_id], self._send_slots:
             now = self.clock.now()  # the attempt starts when its request may go out
+            if not await self._lease_covers_request(due, now):
+                return  # another process holds it now: it sends this attempt
             previous = due.previous_secret
             if previous and (
                 due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
@@ -266,6 +275,24 @@ class Dispatcher:
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
         if result.delivered:
             metrics.record_delivered((finished - due.created_at).total_seconds())
+
+    async def _lease_covers_request(self, due: store.DueDelivery, now: datetime) -> bool:
+        """A held delivery may wait for a request slot (a slow endpoint answers its earlier
+        ones first): when what is left of its lease could not cover a whole request, renew
+        the lease first, so no other process can claim and send it meanwhile. ``False`` when
+        the lease was already lost."""
+        until = self._leases.get(due.id)
+        if until is None or until - now > timedelta(seconds=self.timeout + 1):
+            return True
+        async with self.db.transaction() as conn:
+            renewed = await store.renew_delivery_lease(
+                conn, due.id, owner=self.owner, until=now + self.lease
+            )
+        if renewed:
+            self._leases[due.id] = now + self.lease
+        else:
+            log.warning("delivery %s: lease lost while it waited; not sent here", due.id)
+        return renewed
 
     async def _complete(self, completion: store.Completion) -> None:
         """Queue a completion for the next group commit and wait until it is durable."""

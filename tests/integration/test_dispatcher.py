@@ -142,3 +142,34 @@ async def test_a_slow_endpoint_does_not_hold_back_the_others(
         assert slow_hits <= 8
     finally:
         await d.stop(grace=5)
+
+
+async def test_a_held_delivery_is_sent_once_even_when_its_lease_runs_out_while_it_waits(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    """Deliveries held for a slow endpoint wait for a request slot. One whose lease is about
+    to end renews it before sending; one whose lease already ended and that another process
+    claimed is left to that process. Either way each delivery is sent exactly once."""
+    receiver.delay = 0.3
+    clock = FakeClock()
+    who, _ = await setup(services, clock, [receiver.url])
+    await raise_event(db, who, clock, n=3)
+    a = dispatcher(db, clock, per_endpoint=1)
+    b = Dispatcher(
+        db, clock, Wakeup(), owner="d2", allow_private_targets=True, timeout=2.0, per_endpoint=1
+    )
+    await a.open()
+    await b.open()
+    try:
+        assert await a.run_once() == 3  # one request in flight, two held behind it
+        clock.advance(a.lease.total_seconds() - 0.5)  # too little lease left for a request
+        await asyncio.sleep(0.45)  # the second goes out: its lease is renewed first
+        clock.advance(1.0)  # the third's lease has ended while it still waits
+        assert await b.run_once() == 1  # another process takes it over (not the renewed one)
+        await a.drain()
+        await b.drain()
+    finally:
+        await a.stop()
+        await b.stop()
+    sent = [r["headers"]["X-Service-Event-Id"] for r in receiver.requests]
+    assert len(sent) == 3 and len(set(sent)) == 3  # all three, none twice

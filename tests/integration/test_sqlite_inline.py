@@ -80,3 +80,18 @@ async def test_a_lock_held_past_the_busy_timeout_is_store_unavailable(tmp_path: 
     holder.join()
     await _insert_workspace(db, "later")  # the connection is usable again
     await db.dispose()
+
+
+async def test_the_url_s_sqlite_options_still_apply(tmp_path: Path) -> None:
+    path = tmp_path / "options.db"
+    db = Database(f"sqlite:///{path}")
+    await migrate(db)
+    await _insert_workspace(db, "written")
+    await db.dispose()
+    read_only = Database(f"sqlite:///file:{path}?mode=ro&uri=true")
+    async with read_only.read() as conn:
+        assert [r.name for r in await conn.execute(workspaces.select())] == ["written"]
+    with pytest.raises(StoreUnavailable) as refused:
+        await _insert_workspace(read_only, "refused")
+    assert "readonly" in str(refused.value.__cause__)  # mode=ro reached sqlite3
+    await read_only.dispose()
