@@ -545,10 +545,15 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-async def next_due_delivery(conn: AsyncConnection) -> datetime | None:
-    value = (
-        await conn.execute(select(func.min(_D.next_attempt_at)).where(_DUE))
-    ).scalar_one_or_none()
+async def next_due_delivery(
+    conn: AsyncConnection, busy_endpoints: Sequence[str] = ()
+) -> datetime | None:
+    """When the next pending delivery falls due, leaving out endpoints that cannot take more
+    now (they wake the dispatcher themselves when they can)."""
+    q = select(func.min(_D.next_attempt_at)).where(_DUE)
+    if busy_endpoints:
+        q = q.where(_D.endpoint_id.not_in(list(busy_endpoints)))
+    value = (await conn.execute(q)).scalar_one_or_none()
     if value is None:
         return None
     assert isinstance(value, datetime)
