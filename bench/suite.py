@@ -41,7 +41,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -154,9 +154,17 @@ async def _execute(http: aiohttp.ClientSession, flow_id: str, n: int) -> str:
         return str((await r.json())["run_id"])
 
 
-def bench_e2e(backend: str, args: argparse.Namespace) -> Figures:
+def _against_serve(
+    backend: str,
+    args: argparse.Namespace,
+    measure: Callable[[Any, argparse.Namespace], Coroutine[Any, Any, Figures]],
+) -> Figures:
     with running_server(backend, args.postgres_url) as server:
-        return asyncio.run(_e2e(server, args))
+        return asyncio.run(measure(server, args))
+
+
+def bench_e2e(backend: str, args: argparse.Namespace) -> Figures:
+    return _against_serve(backend, args, _e2e)
 
 
 async def _e2e(server: Any, args: argparse.Namespace) -> Figures:
@@ -260,8 +268,7 @@ async def _deliveries(server: Any, args: argparse.Namespace) -> Figures:
 
 
 def bench_idle(backend: str, args: argparse.Namespace) -> Figures:
-    with running_server(backend, args.postgres_url) as server:
-        return asyncio.run(_idle(server, args))
+    return _against_serve(backend, args, _idle)
 
 
 async def _idle(server: Any, args: argparse.Namespace) -> Figures:

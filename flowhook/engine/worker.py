@@ -214,7 +214,7 @@ class Worker:
                 await asyncio.sleep(1.0)
                 continue
             if claimed >= self._last_limit and len(self._inflight) < self.concurrency:
-                continue  # the batch was full: more may be due (a partial one took it all)  # more may be due
+                continue  # the batch was full: more may be due (a partial one took it all)
             if len(self._inflight) >= self.concurrency:
                 await self.wakeup.wait(self.poll_interval)  # a finishing run wakes us
             else:

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import sqlalchemy.exc as sa_exc
-from sqlalchemy import Boolean, Table, and_, bindparam
+from sqlalchemy import Table, and_, bindparam
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import JSON, TypeEngine
@@ -54,10 +54,6 @@ def _sqlite_json(value: Any) -> str:
     return orjson.dumps(value).decode()  # None → 'null', as SQLAlchemy's JSON type stores it
 
 
-def _sqlite_bool(value: bool | None) -> int | None:
-    return None if value is None else int(value)
-
-
 def _same(value: Any) -> Any:
     return value
 
@@ -67,9 +63,19 @@ def _converter(type_: TypeEngine[Any]) -> Convert:
         return _sqlite_datetime
     if isinstance(type_, JSON):
         return _sqlite_json
-    if isinstance(type_, Boolean):
-        return _sqlite_bool
-    return _same  # strings, numbers, bytes (LargeBinary) go as they are
+    return _same  # strings, numbers, booleans, bytes: sqlite3 stores them as SQLAlchemy does
+
+
+def _insert_statement(
+    table: Table, columns: tuple[str, ...], conflict: tuple[str, ...], dialect: str
+) -> Any:
+    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    if conflict:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(conflict),
+            set_={c: stmt.excluded[c] for c in columns if c not in conflict},
+        )
+    return stmt
 
 
 @lru_cache(maxsize=64)
@@ -78,12 +84,7 @@ def _plan(
 ) -> tuple[str, list[tuple[str, Convert]]]:
     """The SQL for these columns, compiled once, and each parameter's column and converter
     in the order the SQL binds them."""
-    stmt = sqlite.insert(table).values({c: None for c in columns})
-    if conflict:
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(conflict),
-            set_={c: stmt.excluded[c] for c in columns if c not in conflict},
-        )
+    stmt = _insert_statement(table, columns, conflict, "sqlite").values({c: None for c in columns})
     compiled = stmt.compile(dialect=sqlite.dialect())
     order = list(compiled.positiontup or ())
     if sorted(order) != sorted(columns):  # pragma: no cover - each column is bound once
@@ -107,13 +108,7 @@ async def insert(
     conflict = tuple(update_on_conflict)
     raw = raw_sqlite(conn)
     if raw is None:
-        dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-        stmt = dialect_insert(table)
-        if conflict:
-            stmt = stmt.on_conflict_do_update(
-                index_elements=list(conflict),
-                set_={c: stmt.excluded[c] for c in columns if c not in conflict},
-            )
+        stmt = _insert_statement(table, columns, conflict, conn.dialect.name)
         await conn.execute(stmt, list(rows))
         return
     sql, plan = _plan(table, columns, conflict)

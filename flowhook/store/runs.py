@@ -276,11 +276,9 @@ async def _guarded_update(
     values: dict[str, Any],
     honour_cancel: bool,
 ) -> bool:
-    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
-        sources = [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
-    else:
-        sources = sources_of(status)
-    guard = and_(runs.c.run_id == run_id, runs.c.lease_owner == owner, runs.c.status.in_(sources))
+    guard = and_(
+        runs.c.run_id == run_id, runs.c.lease_owner == owner, runs.c.status.in_(_sources(status))
+    )
     if honour_cancel:
         guard = and_(guard, runs.c.cancel_requested_at.is_(None))
     if status.terminal:
@@ -360,6 +358,7 @@ async def apply_progress(
     every run (locked on PostgreSQL, so the guards hold until commit; SQLite's write
     transaction already excludes every other writer), one UPDATE per shape of changes
     (executemany), and one statement each for the events, their deliveries and the steps.
+    A run appears at most once in ``items``: the executor awaits each of its writes.
     """
     if not items:
         return []
@@ -368,9 +367,7 @@ async def apply_progress(
     )
     if conn.dialect.name == "postgresql":
         guarded = guarded.order_by(runs.c.run_id).with_for_update()
-    current: dict[str, tuple[str, Any]] = {
-        r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)
-    }
+    current = {r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)}
     results: list[bool] = []
     updates: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     steps: list[tuple[str, RunStep]] = []
@@ -394,12 +391,6 @@ async def apply_progress(
         results.append(ok)
         if not ok:
             continue
-        # Were the run in this batch again (the executor awaits each write, so it is not),
-        # its next item would be guarded by this one's outcome: a finished run has no lease.
-        if values.get("lease_owner", owner) is None:
-            current.pop(item.run_id, None)
-        elif "status" in values:
-            current[item.run_id] = (values["status"], current[item.run_id][1])
         if item.changes:
             updates.setdefault(tuple(sorted(values)), []).append((values, {"run_id": item.run_id}))
         steps.extend((item.run_id, s) for s in item.steps)

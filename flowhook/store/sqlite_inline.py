@@ -152,10 +152,6 @@ class InlineConnection:
     def cursor(self) -> InlineCursor:
         return InlineCursor(self)
 
-    async def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> InlineCursor:
-        cursor = InlineCursor(self)
-        return await cursor.execute(sql, parameters)
-
     async def commit(self) -> None:
         await self._call(self._conn.commit)
 
@@ -166,12 +162,10 @@ class InlineConnection:
         self._conn.create_function(*args, **kwargs)
 
     async def close(self) -> None:
-        if self._connection is not None:
-            self._connection = None
-            self._conn.close()
+        self.stop()
 
     def stop(self) -> None:
-        """Forced close (SQLAlchemy's terminate)."""
+        """Close (also SQLAlchemy's forced close, its terminate); a second call does nothing."""
         if self._connection is not None:
             self._connection = None
             self._conn.close()

@@ -142,8 +142,6 @@ class Dispatcher:
         self._last_limit = free
         if free <= 0:
             return 0
-        held = HOLD * self.per_endpoint
-        busy = [ep for ep, n in self._per_endpoint.items() if n >= held]
         now = self.clock.now()
         async with self.db.transaction() as conn:
             claimed = await store.claim_deliveries(
@@ -152,8 +150,8 @@ class Dispatcher:
                 now=now,
                 lease_until=now + self.lease,
                 limit=free,
-                per_endpoint=held,
-                busy_endpoints=busy,
+                per_endpoint=HOLD * self.per_endpoint,
+                busy_endpoints=self._endpoints_at_cap(),
             )
         for due in claimed:
             if due.id in self._inflight:  # pragma: no cover - leases are renewed before they end
@@ -165,6 +163,10 @@ class Dispatcher:
             self._leases[due.id] = now + self.lease
             self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         return len(claimed)
+
+    def _endpoints_at_cap(self) -> list[str]:
+        """Endpoints holding all the deliveries this process takes of one endpoint."""
+        return [ep for ep, n in self._per_endpoint.items() if n >= HOLD * self.per_endpoint]
 
     async def drain(self) -> None:
         while self._inflight:
@@ -349,10 +351,8 @@ class Dispatcher:
         try:
             # An endpoint at its cap has due deliveries but takes none now: looking past them
             # avoids claiming every 5 ms for nothing; a delivery it finishes wakes the loop.
-            held = HOLD * self.per_endpoint
-            busy = [ep for ep, n in self._per_endpoint.items() if n >= held]
             async with self.db.read() as conn:
-                due = await store.next_due_delivery(conn, busy)
+                due = await store.next_due_delivery(conn, self._endpoints_at_cap())
             if due is not None:
                 timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()) + 0.005)
         except StoreUnavailable:
