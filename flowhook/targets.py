@@ -1,32 +1,57 @@
 """Outbound target guard (SSRF), shared by webhook deliveries and the ``http`` step.
 
 A URL is vetted when it is saved and again when it is used: http or https only, no
-credentials in it, and no host that is or resolves to a loopback, private, link-local,
-carrier-grade NAT, multicast, reserved, unspecified or metadata address. IPv4-mapped,
-NAT64 and 6to4 IPv6 forms are unwrapped first, and IPv4 written the old BSD ways (``127.1``,
-``2130706433``, ``0x7f000001``, ``017700000001``) is read as the address it means. For a
+credentials, control characters or white space in it, and no host that is or resolves to a
+loopback, private, link-local, carrier-grade NAT, multicast, reserved, unspecified or
+metadata address. The host is checked as it will be connected to: yarl (under aiohttp) maps
+a Unicode host by IDNA, so ``127。0。0。1`` or ``①②⑦.0.0.1`` would become ``127.0.0.1``; a
+host that is an IP address only after that mapping is refused outright. IPv4-mapped,
+NAT64, 6to4 and Teredo IPv6 forms are unwrapped first, any other IPv6 address
+outside global unicast (2000::/3) is refused (so IPv4-compatible ``::7f00:1`` is too), and IPv4 written the old BSD ways (``127.1``,
+``2130706433``, ``0x7f000001``, ``017700000001``) is read as the address it means.
+
+Two checks at connect time make the URL check a second line, not the only one: for a
 hostname, :class:`GuardedResolver` vets every address DNS returns and hands aiohttp only the
-vetted ones, so a connection goes to the address that was checked (no DNS rebinding).
-``FLOWHOOK_ALLOW_PRIVATE_TARGETS=true`` turns the address checks off (local development).
+vetted ones (no DNS rebinding); and :func:`guarded_connector` vets the address of every
+socket just before it connects, literal or resolved, so nothing reaches an address the
+policy refuses whatever path the URL took to it. ``FLOWHOOK_ALLOW_PRIVATE_TARGETS=true``
+turns the address checks off (local development).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from flowhook.errors import FlowhookError
 
-__all__ = ["TargetRefused", "check_url", "is_blocked_address", "GuardedResolver"]
+__all__ = [
+    "TargetRefused",
+    "check_url",
+    "is_blocked_address",
+    "GuardedResolver",
+    "guarded_connector",
+]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+# Control characters anywhere in a URL, and in its host also white space and the invisible
+# characters that URL parsers drop or fold: such a URL is refused rather than guessed at.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_HOST_INVISIBLE = re.compile(
+    r"[\s\xa0\xad\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0]"
+)
 _EXTRA_BLOCKED = [
     ipaddress.ip_network(n)
     for n in (
@@ -67,6 +92,8 @@ def is_blocked_address(ip: IPAddress) -> bool:
         return True
     if any(real.version == net.version and real in net for net in _EXTRA_BLOCKED):
         return True
+    if real.version == 6 and real not in _GLOBAL_UNICAST_V6:
+        return True  # also IPv4-compatible ::a.b.c.d and IPv4-translated ::ffff:0:a.b.c.d
     return not real.is_global
 
 
@@ -87,9 +114,14 @@ def _literal_address(host: str) -> IPAddress | None:
 
 def check_url(url: str, *, allow_private: bool = False, require_https: bool = False) -> str:
     """Return ``url`` if outbound requests may go there; raise :class:`TargetRefused` saying why."""
+    bad = _CONTROL.search(url)
+    if bad:
+        raise TargetRefused(
+            f"the URL contains the control character U+{ord(bad.group()):04X}; percent-encode it"
+        )
     try:
         parts = urlsplit(url)
-        host = parts.hostname
+        raw_host = parts.hostname
         _ = parts.port  # raises on a bad port
     except ValueError as exc:
         raise TargetRefused(f"not a valid URL: {exc}") from None
@@ -99,17 +131,64 @@ def check_url(url: str, *, allow_private: bool = False, require_https: bool = Fa
         raise TargetRefused("live-mode targets must use https://")
     if parts.username is not None or parts.password is not None:
         raise TargetRefused("the URL must not carry a user name or password")
-    if not host:
+    if not raw_host:
         raise TargetRefused("the URL has no host")
+    if _HOST_INVISIBLE.search(raw_host):
+        raise TargetRefused("the URL's host contains white space or an invisible character")
+    host = _connect_host(url, raw_host)
     if allow_private:
         return url
-    host = host.rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
         raise TargetRefused(f"{host} is a local address; private targets are not allowed")
     ip = _literal_address(host)
     if ip is not None and is_blocked_address(ip):
         raise TargetRefused(f"{ip} is not a public address; private targets are not allowed")
     return url
+
+
+def _connect_host(url: str, raw_host: str) -> str:
+    """The host as aiohttp will connect to it (yarl's IDNA mapping), lower-case, no final dot.
+
+    A host written with non-ASCII characters that maps to an IP address (full-width digits,
+    ideographic full stops, circled numbers) is refused whatever the address: no one writes
+    a real target that way, and it is the classic way around a guard that reads the raw text.
+    """
+    try:
+        mapped = URL(url).raw_host
+    except (ValueError, UnicodeError) as exc:
+        raise TargetRefused(f"not a valid URL host: {exc}") from None
+    if not mapped:
+        raise TargetRefused("the URL has no host")
+    host = mapped.rstrip(".").lower()
+    if not raw_host.isascii() and _literal_address(host) is not None:
+        raise TargetRefused(
+            f"the host {raw_host!r} becomes the IP address {host} only after Unicode mapping; "
+            "write the address in ASCII digits"
+        )
+    return host
+
+
+def _check_peer(addr_info: tuple[object, ...]) -> socket.socket:
+    family, type_, proto, _, sockaddr = addr_info
+    address = str(sockaddr[0])  # type: ignore[index]
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        raise TargetRefused(f"refused to connect to {address!r}: not an IP address") from None
+    if is_blocked_address(ip):
+        raise TargetRefused(f"{ip} is not a public address; private targets are not allowed")
+    return socket.socket(family=family, type=type_, proto=proto)  # type: ignore[arg-type]
+
+
+def guarded_connector(*, allow_private: bool = False, **options: Any) -> aiohttp.TCPConnector:
+    """A connector whose every connection is vetted: DNS answers by :class:`GuardedResolver`,
+    and the address of each socket just before it connects (aiohttp skips the resolver for
+    a literal host). ``options`` go to :class:`aiohttp.TCPConnector` (limits)."""
+    return aiohttp.TCPConnector(
+        resolver=GuardedResolver(allow_private=allow_private),
+        socket_factory=None if allow_private else _check_peer,
+        **options,
+    )
 
 
 class GuardedResolver(AbstractResolver):

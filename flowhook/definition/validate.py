@@ -12,14 +12,18 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from flowhook.definition.expressions import ExpressionError, compile_value
+from flowhook.definition.requests import request_problem
 from flowhook.definition.schema import FLOW_SCHEMA
 from flowhook.errors import InvalidDefinition
+from flowhook.targets import TargetRefused, check_url
 
 __all__ = ["validate_definition", "ACTIONS"]
 
 ACTIONS = frozenset({"continue", "end", "fail"})
 _validator = Draft202012Validator(FLOW_SCHEMA)
 _QUOTED = re.compile(r"'([^']+)'")
+# scheme://host followed by a path, query or fragment: the host ends before a template.
+_HOST_THEN_REST = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#{]+[/?#]")
 
 
 def _where(path: Iterable[Any], steps: list[Any]) -> tuple[str, str]:
@@ -55,8 +59,12 @@ def _field_named(err: ValidationError) -> str | None:
     return m.group(1) if m else None
 
 
-def validate_definition(definition: Any) -> dict[str, Any]:
-    """Return the definition if valid; raise :class:`InvalidDefinition` naming step and field."""
+def validate_definition(definition: Any, *, allow_private_targets: bool = False) -> dict[str, Any]:
+    """Return the definition if valid; raise :class:`InvalidDefinition` naming step and field.
+
+    An ``http`` step's literal parts are checked as they will be sent: its method and
+    headers, and its URL against the target guard (a URL whose host is templated is
+    checked when the step runs)."""
     error = best_match(_validator.iter_errors(definition), key=_relevance)
     if error is not None:
         raise _schema_error(error, definition)
@@ -86,6 +94,9 @@ def validate_definition(definition: Any) -> dict[str, Any]:
             if key in ("id", "type", "then", "else", "description"):
                 continue
             _check_expressions(value, f"definition.steps[{i}].{key}", label)
+        if step["type"] == "http":
+            _check_request(step["request"], f"definition.steps[{i}].request", label,
+                           allow_private_targets=allow_private_targets)  # fmt: skip
     if "output" in definition:
         _check_expressions(definition["output"], "definition.output", "output")
     return definition  # type: ignore[no-any-return]
@@ -98,6 +109,28 @@ def _check_expressions(value: Any, field: str, label: str) -> None:
         raise InvalidDefinition(
             f"{label}: {field} has an invalid expression: {exc}", field=field
         ) from exc
+
+
+def _check_request(
+    request: dict[str, Any], field: str, label: str, *, allow_private_targets: bool
+) -> None:
+    method = request.get("method")
+    literal_method = method if isinstance(method, str) and "{{" not in method else None
+    headers = {k: v for k, v in (request.get("headers") or {}).items() if "{{" not in k + v}
+    problem = request_problem(literal_method, headers)
+    if problem:
+        where = "method" if problem.startswith("method") else "headers"
+        raise InvalidDefinition(f"{label}: {field}.{where} — {problem}", field=f"{field}.{where}")
+    url: str = request["url"]
+    literal = url.split("{{", 1)[0]
+    if literal != url and not _HOST_THEN_REST.match(literal):
+        return  # the host itself is templated: checked when the step runs
+    try:
+        check_url(literal, allow_private=allow_private_targets)
+    except TargetRefused as exc:
+        raise InvalidDefinition(
+            f"{label}: {field}.url — refused: {exc.message}", field=f"{field}.url"
+        ) from None
 
 
 def _relevance(error: ValidationError) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Run, RunStatus
 from flowhook.store.wakeup import Wakeup
-from flowhook.targets import GuardedResolver
+from flowhook.targets import guarded_connector
 
 __all__ = ["Worker", "new_owner_id", "CANCEL_CHECK_SECONDS"]
 
@@ -89,9 +89,7 @@ class Worker:
     async def open(self) -> None:
         """Create the shared HTTP session (without starting the loops; tests drive run_once)."""
         if self.http is None:
-            connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(allow_private=self._allow_private), limit=256
-            )
+            connector = guarded_connector(allow_private=self._allow_private, limit=256)
             self.http = aiohttp.ClientSession(connector=connector)
             self.executor = Executor(
                 self.db,

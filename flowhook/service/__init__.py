@@ -30,7 +30,7 @@ class Services:
         self.keys = KeyService(
             db, clock, cache_seconds=settings.key_cache_seconds, rate_limit=settings.rate_limit
         )
-        self.flows = FlowService(db, clock)
+        self.flows = FlowService(db, clock, allow_private_targets=settings.allow_private_targets)
         self.runs = RunService(db, clock, wakeup)
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)

@@ -22,12 +22,13 @@ def _not_found(flow_id: str) -> NotFound:
 
 
 class FlowService:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, *, allow_private_targets: bool = False) -> None:
         self._db = db
         self._clock = clock
+        self._allow_private = allow_private_targets
 
     async def create(self, who: Principal, definition: Any) -> Flow:
-        definition = validate_definition(definition)
+        definition = validate_definition(definition, allow_private_targets=self._allow_private)
         async with self._db.transaction() as conn:
             return await flows_store.insert_flow(
                 conn,
@@ -40,7 +41,7 @@ class FlowService:
             )
 
     async def update(self, who: Principal, flow_id: str, definition: Any) -> Flow:
-        definition = validate_definition(definition)
+        definition = validate_definition(definition, allow_private_targets=self._allow_private)
         async with self._db.transaction() as conn:
             flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
             if flow is None:

@@ -34,7 +34,7 @@ from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import Attempt, DeliveryStatus
 from flowhook.store.wakeup import Wakeup
-from flowhook.targets import GuardedResolver
+from flowhook.targets import guarded_connector
 from flowhook.webhooks import metrics
 from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
 from flowhook.webhooks.sender import build_headers, send
@@ -105,8 +105,8 @@ class Dispatcher:
 
     async def open(self) -> None:
         if self.http is None:
-            connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(allow_private=self.allow_private),
+            connector = guarded_connector(
+                allow_private=self.allow_private,
                 limit=self.concurrency,
                 limit_per_host=self.per_endpoint * 4,
             )

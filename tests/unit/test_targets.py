@@ -35,3 +35,70 @@ def test_live_mode_can_require_https() -> None:
     with pytest.raises(TargetRefused, match="https"):
         check_url("http://8.8.8.8/", require_https=True)
     assert check_url("https://8.8.8.8/", require_https=True)
+
+
+# Audit finding 1: hosts that are IP literals only after yarl's IDNA mapping, written with
+# full-width digits, ideographic full stops or circled numbers, reached 127.0.0.1 and the
+# metadata address. They are refused whatever the address, even where private targets are
+# allowed: no one writes a real target that way.
+UNICODE_IP_HOSTS = [
+    "http://127。0。0。1:8080/",
+    "http://１２７.0.0.1/",
+    "http://①②⑦.0.0.1/",
+    "http://⑯⑨.254.169.254/latest/meta-data/",
+    "http://８.８.８.８/",
+    "http://127．0．0．1/",
+]
+
+
+@pytest.mark.parametrize("url", UNICODE_IP_HOSTS)
+@pytest.mark.parametrize("allow_private", [False, True])
+def test_hosts_that_become_ip_literals_after_mapping_are_refused(
+    url: str, allow_private: bool
+) -> None:
+    with pytest.raises(TargetRefused, match="only after Unicode mapping"):
+        check_url(url, allow_private=allow_private)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::7f00:1]/",  # IPv4-compatible IPv6 of 127.0.0.1
+        "http://[::a9fe:a9fe]/",  # ... of 169.254.169.254
+        "http://[::8.8.8.8]/",  # deprecated form, not global unicast
+        "http://[::ffff:0:7f00:1]/",  # IPv4-translated (SIIT)
+        "http://[100::1]/",  # discard-only
+        "http://[2001:db8::1]/",  # documentation
+    ],
+)
+def test_ipv6_forms_outside_global_unicast_are_refused(url: str) -> None:
+    with pytest.raises(TargetRefused, match="not a public address"):
+        check_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://93.184.215.14/\r\nX-Injected: 1",
+        "http://93.184.215.14/a\x00b",
+        "http://93.184.215.14\t/",
+        "http://exam\x7fple.com/",
+        "http://example.com/\x85",
+    ],
+)
+def test_urls_with_control_characters_are_refused(url: str) -> None:
+    with pytest.raises(TargetRefused, match="control character"):
+        check_url(url, allow_private=True)
+
+
+@pytest.mark.parametrize("url", ["http://exa\u200bmple.com/", "http://exa\u00admple.com/"])
+def test_hosts_with_invisible_characters_are_refused(url: str) -> None:
+    with pytest.raises(TargetRefused, match="invisible"):
+        check_url(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://bücher.de/hook", "https://例え.jp/", "https://api.example.com/a b?q=x y"]
+)
+def test_unicode_domain_names_and_spaces_in_paths_still_pass(url: str) -> None:
+    assert check_url(url) == url

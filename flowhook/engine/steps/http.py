@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition.requests import request_problem
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 from flowhook.targets import TargetRefused, check_url
 
@@ -47,6 +48,9 @@ class HttpStep:
         except TargetRefused as exc:
             return error("destination_blocked", exc.message)
         headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items()}
+        problem = request_problem(method, headers)
+        if problem:
+            return error("invalid_request", problem)
         if not any(k.lower() == "idempotency-key" for k in headers):
             headers["Idempotency-Key"] = f"{env.run_id}:{self.id}"
         params = {
@@ -86,6 +90,8 @@ class HttpStep:
             if isinstance(exc.__cause__, TargetRefused):
                 return error("destination_blocked", exc.__cause__.message)
             return error("connection", f"{url}: {exc}")
+        except aiohttp.InvalidURL as exc:
+            return error("invalid_request", f"not a valid URL: {exc}")
         except aiohttp.ClientError as exc:
             return error("connection", f"{url}: {type(exc).__name__}: {exc}")
         status = output["status_code"]
