@@ -24,12 +24,17 @@ __all__ = ["WebhookService", "SUBSCRIBABLE", "Recovery"]
 
 SUBSCRIBABLE = tuple(EVENT_TYPES)
 MAX_URL = 2048
+RECOVER_LIMIT = 1000
+"""Failed deliveries one recover call looks at; the answer's next_cursor continues."""
+RECOVER_BATCH = 200
+"""Failed deliveries replayed per transaction."""
 
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
     replayed: list[Delivery]
     skipped: int
+    next_cursor: str | None = None
 
 
 def _limit(limit: int) -> None:
@@ -302,32 +307,50 @@ class WebhookService:
         return copy
 
     async def recover(
-        self, who: Principal, endpoint_id: str, since: datetime, until: datetime | None = None
+        self,
+        who: Principal,
+        endpoint_id: str,
+        since: datetime,
+        until: datetime | None = None,
+        *,
+        cursor: str | None = None,
     ) -> Recovery:
         """Replay the endpoint's failed deliveries created in [since, until], skipping events
-        that a later delivery to it already delivered or is delivering."""
+        that a later delivery to it already delivered or is delivering.
+
+        Bounded: ``since`` is clamped to the retention window (older deliveries are pruned),
+        at most :data:`RECOVER_LIMIT` failed deliveries are looked at per call, in transactions of
+        :data:`RECOVER_BATCH`; ``next_cursor`` continues where this call stopped."""
         endpoint = await self.get_endpoint(who, endpoint_id)
-        until = until or self._clock.now()
+        now = self._clock.now()
+        until = until or now
         if since > until:
             raise InvalidInput("since must be before until", field="since")
-        async with self._db.transaction() as conn:
-            failed = await store.failed_deliveries_between(conn, endpoint.id, since, until)
-            handled = {
-                d.event_id
-                for d in await store.list_deliveries(
-                    conn, who.workspace_id, who.mode, limit=100_000, endpoint_id=endpoint.id
+        since = max(since, now - timedelta(days=self._settings.retention_days))
+        after = check_cursor(cursor, "dlv")
+        replayed: list[Delivery] = []
+        skipped = looked = 0
+        limit = RECOVER_LIMIT
+        while looked < limit:
+            want = min(RECOVER_BATCH, limit - looked)
+            async with self._db.transaction() as conn:
+                failed = await store.failed_deliveries_between(
+                    conn, endpoint.id, since, until, after=after, limit=want
                 )
-                if d.status is not DeliveryStatus.FAILED
-            }
-            replayed: list[Delivery] = []
-            skipped = 0
-            for delivery in failed:
-                if delivery.event_id in handled:
-                    skipped += 1
-                    continue
-                handled.add(delivery.event_id)
-                replayed.append(await self._replay(conn, delivery))
-        return Recovery(replayed, skipped)
+                handled = await store.events_in_hand(
+                    conn, endpoint.id, {d.event_id for d in failed}
+                )
+                for delivery in failed:
+                    if delivery.event_id in handled:
+                        skipped += 1
+                        continue
+                    handled.add(delivery.event_id)
+                    replayed.append(await self._replay(conn, delivery))
+            looked += len(failed)
+            if len(failed) < want:
+                return Recovery(replayed, skipped, None)
+            after = failed[-1].id
+        return Recovery(replayed, skipped, after)
 
     # Events
 

@@ -482,8 +482,15 @@ async def list_deliveries(
 
 
 async def failed_deliveries_between(
-    conn: AsyncConnection, endpoint_id: str, since: datetime, until: datetime
+    conn: AsyncConnection,
+    endpoint_id: str,
+    since: datetime,
+    until: datetime,
+    *,
+    after: str | None = None,
+    limit: int = 200,
 ) -> list[Delivery]:
+    """The endpoint's failed deliveries created in [since, until], by id, after ``after``."""
     q = (
         select(deliveries)
         .where(
@@ -493,8 +500,24 @@ async def failed_deliveries_between(
             _D.created_at <= until,
         )
         .order_by(_D.id)
+        .limit(limit)
     )
+    if after is not None:
+        q = q.where(_D.id > after)
     return [_delivery(r) for r in (await conn.execute(q)).all()]
+
+
+async def events_in_hand(conn: AsyncConnection, endpoint_id: str, event_ids: set[str]) -> set[str]:
+    """Which of ``event_ids`` have a delivery to the endpoint that did not fail (sent or
+    on its way), so recovering them again would send them twice."""
+    if not event_ids:
+        return set()
+    q = select(_D.event_id).where(
+        _D.endpoint_id == endpoint_id,
+        _D.event_id.in_(sorted(event_ids)),
+        _D.status != str(DeliveryStatus.FAILED),
+    )
+    return set((await conn.execute(q)).scalars())
 
 
 async def mark_endpoint_health(

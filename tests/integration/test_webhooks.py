@@ -266,7 +266,7 @@ async def test_test_event_and_recover(api: Api, receiver: Receiver) -> None:
     assert [d["replay_of"] for d in r.json()["replayed"]] == [dead["id"]]
     await until(lambda: deliveries(api, status="succeeded", event="flow.failed"))
     again = await api.post(f"/api/v1/webhooks/endpoints/{ep['id']}/recover", {"since": since})
-    assert again.json() == {"replayed": [], "skipped": 1}
+    assert again.json() == {"replayed": [], "skipped": 1, "next_cursor": None}
     r = await api.post(f"/api/v1/webhooks/endpoints/{ep['id']}/recover", {"since": "yesterday"})
     assert r.status_code == 400
 
@@ -321,3 +321,38 @@ async def test_failure_and_cancel_events_arrive_signed(api: Api, receiver: Recei
 
 async def _has_steps(api: Api, run_id: str) -> bool:
     return bool((await api.get(f"/api/v1/flows/runs/{run_id}")).json()["steps"])
+
+
+async def test_recover_works_in_bounded_batches_and_continues_by_cursor(
+    api: Api, receiver: Receiver, monkeypatch: Any
+) -> None:
+    from flowhook.service import webhooks as service
+
+    monkeypatch.setattr(service, "RECOVER_BATCH", 2)
+    monkeypatch.setattr(service, "RECOVER_LIMIT", 3)
+    receiver.default = (400, {})
+    ep = await endpoint(api, receiver.url, ["flow.completed"])
+    flow_id = await api.create_flow(
+        {"name": "f", "steps": [{"id": "x", "type": "transform", "output": {}}]}
+    )
+    for _ in range(5):
+        await api.wait(await api.execute(flow_id))
+
+    async def five_failed() -> list[dict[str, Any]]:
+        found = await deliveries(api, status="failed", endpoint_id=ep["id"])
+        return found if len(found) == 5 else []
+
+    failed = await until(five_failed, timeout=15)
+    receiver.default = (200, {})
+    path = f"/api/v1/webhooks/endpoints/{ep['id']}/recover"
+    first = (await api.post(path, {"since": "2000-01-01T00:00:00Z"})).json()
+    assert len(first["replayed"]) == 3 and first["skipped"] == 0
+    assert first["next_cursor"]
+    rest = (
+        await api.post(path, {"since": "2000-01-01T00:00:00Z", "cursor": first["next_cursor"]})
+    ).json()
+    assert len(rest["replayed"]) == 2 and rest["next_cursor"] is None
+    replayed = {d["replay_of"] for d in first["replayed"] + rest["replayed"]}
+    assert replayed == {d["id"] for d in failed}
+    bad = await api.post(path, {"since": "2000-01-01T00:00:00Z", "cursor": "nope"})
+    assert bad.status_code == 400

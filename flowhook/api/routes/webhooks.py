@@ -51,6 +51,9 @@ class RecoverRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     since: AwareDatetime
     until: AwareDatetime | None = None
+    cursor: str | None = Field(
+        default=None, description="next_cursor of the previous answer, to continue."
+    )
 
 
 def endpoint_record(ep: Endpoint, *, with_secret: bool = False) -> dict[str, Any]:
@@ -216,9 +219,15 @@ async def send_test(endpoint_id: str, services: ServicesDep, who: CallerDep) -> 
 async def recover(
     endpoint_id: str, body: RecoverRequest, services: ServicesDep, who: CallerDep
 ) -> Response:
-    done = await services.webhooks.recover(who, endpoint_id, body.since, body.until)
+    done = await services.webhooks.recover(
+        who, endpoint_id, body.since, body.until, cursor=body.cursor
+    )
     return ORJSONResponse(
-        {"replayed": [delivery_record(d) for d in done.replayed], "skipped": done.skipped},
+        {
+            "replayed": [delivery_record(d) for d in done.replayed],
+            "skipped": done.skipped,
+            "next_cursor": done.next_cursor,
+        },
         status_code=202,
     )
 
