@@ -102,3 +102,11 @@ def test_hosts_with_invisible_characters_are_refused(url: str) -> None:
 )
 def test_unicode_domain_names_and_spaces_in_paths_still_pass(url: str) -> None:
     assert check_url(url) == url
+
+
+@pytest.mark.parametrize(
+    "url", ["http://ｌｏｃａｌｈｏｓｔ:8080/", "http://LOCALHOST./", "http://a.localhost/"]
+)
+def test_localhost_is_refused_in_any_spelling(url: str) -> None:
+    with pytest.raises(TargetRefused, match="local address"):
+        check_url(url)
