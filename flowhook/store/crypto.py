@@ -106,7 +106,7 @@ class SecretBox:
                 "until `flowhook secrets rotate` has run)"
             ) from None
         if len(self._opened) >= _CACHE_SIZE:
-            self._opened.clear()
+            del self._opened[next(iter(self._opened))]  # oldest first
         self._opened[stored] = plaintext
         return plaintext
 
