@@ -46,6 +46,14 @@ FLOW: dict[str, Any] = {
 """Three transform steps: the end-to-end and idle benchmarks run this flow."""
 
 
+BENCH_SECRET_KEY = "YmVuY2gta2V5LW5vdC1mb3ItdXNlLWVsc2V3aGVyZSE="
+"""FLOWHOOK_SECRET_KEY for benchmark rounds on PostgreSQL (SQLite ones use a key file)."""
+
+
+def secret_key_for(database_url: str) -> str | None:
+    return BENCH_SECRET_KEY if database_url.startswith("postgres") else None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,6 +116,7 @@ class Server:
     def environment(self) -> dict[str, str]:
         return {
             **os.environ,
+            **({"FLOWHOOK_SECRET_KEY": key} if (key := secret_key_for(self.database_url)) else {}),
             "FLOWHOOK_DATABASE_URL": self.database_url,
             "FLOWHOOK_PORT": str(self.port),
             "FLOWHOOK_HOST": "127.0.0.1",

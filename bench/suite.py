@@ -61,6 +61,7 @@ from harness import (
     fresh_database,
     percentile,
     running_server,
+    secret_key_for,
     subscribe,
     wrk_post,
 )
@@ -226,7 +227,7 @@ async def _deliveries(server: Any, args: argparse.Namespace) -> Figures:
     async with Receiver() as receiver:
         # Queue the events (one delivery each) before the server starts, then time it.
         url = server.database_url
-        db = Database(url)
+        db = Database(url, secret_key=secret_key_for(url))
         await migrate(db)
         settings = Settings(database_url=url, allow_private_targets=True)
         services = Services(db, SystemClock(), settings, Wakeup())

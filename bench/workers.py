@@ -31,7 +31,7 @@ from flowhook.store.models import Mode, Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import FLOW, FLOWHOOK
+from harness import BENCH_SECRET_KEY, FLOW, FLOWHOOK
 
 
 async def one_round(server: str, runs: int, workers: int) -> float:
@@ -41,7 +41,7 @@ async def one_round(server: str, runs: int, workers: int) -> float:
     url = f"{server}/{name}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        db = Database(url)
+        db = Database(url, secret_key=BENCH_SECRET_KEY)
         await migrate(db)
         clock = SystemClock()
         services = Services(db, clock, Settings(database_url=url), Wakeup())
@@ -69,7 +69,12 @@ async def one_round(server: str, runs: int, workers: int) -> float:
             ]
             async with db.transaction() as conn:
                 await runs_store.insert_runs(conn, batch)
-        env = {**os.environ, "FLOWHOOK_DATABASE_URL": url, "FLOWHOOK_LOG_LEVEL": "warning"}
+        env = {
+            **os.environ,
+            "FLOWHOOK_DATABASE_URL": url,
+            "FLOWHOOK_SECRET_KEY": BENCH_SECRET_KEY,
+            "FLOWHOOK_LOG_LEVEL": "warning",
+        }
         procs = [
             subprocess.Popen(
                 [FLOWHOOK, "worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -18,10 +18,11 @@ from rich.table import Table
 
 from flowhook.clock import SystemClock, isoformat
 from flowhook.config import Settings
-from flowhook.errors import FlowhookError
+from flowhook.errors import FlowhookError, SecretKeyError
 from flowhook.gctune import tune_for_server
 from flowhook.service.auth import KeyService
 from flowhook.service.bootstrap import EXAMPLE_PAYLOAD, Bootstrapped
+from flowhook.store.crypto import Keyring, generate_key
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
@@ -37,6 +38,11 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+secrets_app = typer.Typer(
+    help="The key that encrypts webhook and hook secrets at rest (FLOWHOOK_SECRET_KEY).",
+    no_args_is_help=True,
+)
+app.add_typer(secrets_app, name="secrets")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -56,9 +62,27 @@ def _settings(**overrides: Any) -> Settings:
         raise typer.Exit(2) from None
 
 
+def _database(settings: Settings) -> Database:
+    return Database(
+        settings.database_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        secret_key=settings.secret_key,
+    )
+
+
+def _check_secret_key(settings: Settings) -> None:
+    """Stop before serving when the secret key is missing or malformed (on SQLite without
+    one, this makes the key file, and says so)."""
+    try:
+        Keyring(settings.secret_key, settings.database_url).box()
+    except SecretKeyError as exc:
+        err_console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+
+
 def _with_db(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
     async def go() -> T:
-        db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        db = _database(settings)
         try:
             await migrate(db)
             return await work(db)
@@ -116,6 +140,7 @@ def serve(
 
     settings = _settings(host=host, port=port, database_url=database_url)
     _configure_logging(settings)
+    _check_secret_key(settings)
     base = f"http://{settings.host}:{settings.port}"
     application = create_app(settings, on_bootstrap=lambda seeded: _print_welcome(seeded, base))
     logging.getLogger("flowhook").info(
@@ -152,6 +177,7 @@ def api(
     """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
     settings = _settings(host=host, port=port, database_url=database_url)
     _configure_logging(settings)
+    _check_secret_key(settings)
     _with_db(settings, lambda db: _noop())
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
     uvicorn.run(
@@ -186,6 +212,7 @@ def worker(
     unfinished runs are handed back to the other workers."""
     settings = _settings(worker_concurrency=concurrency, database_url=database_url)
     _configure_logging(settings)
+    _check_secret_key(settings)
     tune_for_server()
     asyncio.run(_work(settings))
 
@@ -194,7 +221,7 @@ async def _work(settings: Settings) -> None:
     from flowhook.runtime import Runtime
     from flowhook.service import Services
 
-    db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    db = _database(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -308,6 +335,32 @@ def keys_revoke(
     settings = _settings(database_url=database_url)
     key = _with_db(settings, lambda db: KeyService(db, SystemClock()).revoke(key_id))
     console.print(f"revoked {key.id} ({key.prefix}…)")
+
+
+@secrets_app.command("generate-key")
+def secrets_generate_key() -> None:
+    """Print a new key for FLOWHOOK_SECRET_KEY (32 random bytes, URL-safe base64)."""
+    print(generate_key())
+
+
+@secrets_app.command("rotate")
+def secrets_rotate(database_url: DatabaseOpt = None) -> None:
+    """Re-encrypt every stored secret under the newest key (the first in FLOWHOOK_SECRET_KEY),
+    in batches; afterwards the older keys may be dropped. Safe to run again."""
+    settings = _settings(database_url=database_url)
+
+    async def work(db: Database) -> dict[str, int]:
+        from flowhook.store.secrets import reseal_in_batches
+
+        done = await reseal_in_batches(db, db.keyring.box(), mode="rotate")
+        done.raise_if_unreadable(db.keyring.box().source)
+        return done.sealed
+
+    sealed = _with_db(settings, work)
+    console.print(
+        f"re-encrypted {sealed['endpoints']} endpoint secrets and {sealed['hooks']} hook "
+        "secrets under the newest key"
+    )
 
 
 def main() -> None:

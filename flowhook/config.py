@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "async_database_url", "parse_duration"]
@@ -72,6 +72,11 @@ class Settings(BaseSettings):
 
     # Authentication cache: how long a looked-up key is trusted before it is checked again.
     key_cache_seconds: float = Field(default=30.0, ge=0)
+
+    secret_key: SecretStr | None = None
+    """Keys that encrypt endpoint and hook secrets at rest: comma-separated, newest first,
+    each 44 characters (``flowhook secrets generate-key``). Unset: a key file beside a SQLite
+    database; PostgreSQL needs it (checked at start, by ``flowhook.store.crypto``)."""
 
     # SQLite durability: FULL syncs every commit (safe against power loss), NORMAL only
     # against a crash of the process.

@@ -9,7 +9,8 @@ FlowhookError
  │    └── IdempotencyConflict
  ├── PayloadTooLarge
  ├── UnsupportedMediaType
- └── StoreUnavailable        the database cannot be reached
+ ├── StoreUnavailable        the database cannot be reached
+ └── SecretKeyError          FLOWHOOK_SECRET_KEY (or the key file) missing, malformed or wrong
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "RateLimited",
     "UnsupportedMediaType",
     "StoreUnavailable",
+    "SecretKeyError",
 ]
 
 
@@ -92,3 +94,9 @@ class UnsupportedMediaType(FlowhookError):
 
 class StoreUnavailable(FlowhookError):
     code = "store_unavailable"
+
+
+class SecretKeyError(FlowhookError):
+    """The key that encrypts stored secrets is missing, malformed or cannot open them."""
+
+    code = "secret_key"

@@ -30,6 +30,7 @@ from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
 from flowhook.store.tables import metadata
 from flowhook.store.wakeup import Wakeup
+from tests.support import TEST_SECRET_KEY, secret_key_for
 
 PG_URL = os.environ.get("FLOWHOOK_TEST_DATABASE_URL")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -57,7 +58,7 @@ def pg_url() -> Iterator[str]:
     url = f"{base}/{name}"
 
     async def up() -> None:
-        db = Database(url)
+        db = Database(url, secret_key=TEST_SECRET_KEY)
         await migrate(db)
         await db.dispose()
 
@@ -118,12 +119,15 @@ def settings(database_url: str) -> Settings:
         plugins="tests.plugins",
         webhook_retry_schedule="0.1,0.2,0.3",
         webhook_timeout=1.0,
+        secret_key=secret_key_for(database_url),
     )
 
 
 @pytest.fixture
 async def db(settings: Settings) -> AsyncIterator[Database]:
-    database = Database(settings.database_url, sqlite_synchronous="NORMAL")
+    database = Database(
+        settings.database_url, sqlite_synchronous="NORMAL", secret_key=settings.secret_key
+    )
     yield database
     await database.dispose()
 

@@ -16,9 +16,29 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["FLOWHOOK", "Server", "free_port", "serve", "worker"]
+__all__ = [
+    "FLOWHOOK",
+    "TEST_SECRET_KEY",
+    "Server",
+    "free_port",
+    "serve",
+    "worker",
+    "secret_key_env",
+]
 
 FLOWHOOK = str(Path(sys.executable).with_name("flowhook"))
+
+TEST_SECRET_KEY = "dGVzdC1zZWNyZXQta2V5LW9mLTMyLWJ5dGVzLi4uLi4="
+"""FLOWHOOK_SECRET_KEY for the tests on PostgreSQL (SQLite ones use a key file)."""
+
+
+def secret_key_for(database_url: str) -> str | None:
+    return TEST_SECRET_KEY if database_url.startswith("postgres") else None
+
+
+def secret_key_env(database_url: str) -> dict[str, str]:
+    key = secret_key_for(database_url)
+    return {"FLOWHOOK_SECRET_KEY": key} if key else {}
 
 
 def free_port() -> int:
@@ -47,6 +67,7 @@ def serve(
     port = free_port()
     env = {
         **os.environ,
+        **secret_key_env(database_url),
         "FLOWHOOK_DATABASE_URL": database_url,
         "FLOWHOOK_PORT": str(port),
         **env_extra,
@@ -100,7 +121,12 @@ def serve(
 @contextmanager
 def worker(cwd: Path, database_url: str, **env_extra: str) -> Iterator[subprocess.Popen[str]]:
     """A `flowhook worker` process (no HTTP); stopped with SIGTERM at the end if still alive."""
-    env = {**os.environ, "FLOWHOOK_DATABASE_URL": database_url, **env_extra}
+    env = {
+        **os.environ,
+        **secret_key_env(database_url),
+        "FLOWHOOK_DATABASE_URL": database_url,
+        **env_extra,
+    }
     proc = subprocess.Popen(
         [FLOWHOOK, "worker"],
         cwd=cwd,

@@ -43,7 +43,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        db = Database(
+            settings.database_url,
+            sqlite_synchronous=settings.sqlite_synchronous,
+            secret_key=settings.secret_key,
+        )
         runtime: Runtime | None = None
         try:
             if run_migrations:

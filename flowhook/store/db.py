@@ -17,12 +17,14 @@ from typing import Any
 import asyncpg
 import orjson
 import sqlalchemy.exc as sa_exc
+from pydantic import SecretStr
 from sqlalchemy import event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.config import async_database_url
 from flowhook.errors import StoreUnavailable
 from flowhook.store import sqlite_inline
+from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["Database"]
@@ -40,8 +42,11 @@ class Database:
         sqlite_synchronous: str = "FULL",
         sqlite_busy_timeout: float = 10.0,
         pool_size: int = 10,
+        secret_key: SecretStr | str | None = None,
     ) -> None:
         self.url = url
+        self.keyring = Keyring(secret_key, url)
+        """Seals and opens stored secrets; each connection carries it (``crypto.cipher``)."""
         self.async_url = async_database_url(url)
         self.is_sqlite = self.async_url.startswith("sqlite")
         self.wakeups: dict[str, Wakeup] = {"runs": Wakeup(), "deliveries": Wakeup()}
@@ -69,6 +74,9 @@ class Database:
                 **common,
             )
             self.writer = self.reader = engine
+        _carry_keyring(self.writer, self.keyring)
+        if self.reader is not self.writer:
+            _carry_keyring(self.reader, self.keyring)
 
     @property
     def dialect(self) -> str:
@@ -139,6 +147,12 @@ async def _translated() -> AsyncIterator[None]:
         raise
     except (OSError, sa_exc.TimeoutError, sa_exc.PendingRollbackError) as exc:
         raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
+
+
+def _carry_keyring(engine: AsyncEngine, keyring: Keyring) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(_dbapi_conn: Any, record: Any) -> None:
+        record.info[INFO_KEY] = keyring
 
 
 def _sqlite_setup(engine: AsyncEngine, synchronous: str, *, begin: str) -> None:

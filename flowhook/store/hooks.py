@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store.crypto import SecretBox, cipher
 from flowhook.store.models import Mode
 from flowhook.store.tables import inbound_dedup, inbound_hooks
 
@@ -35,18 +37,26 @@ class Hook:
     created_at: datetime
 
 
-def _hook(row: Any) -> Hook:
+def _verify(verify: dict[str, Any] | None, crypt: Callable[[str], str]) -> dict[str, Any] | None:
+    """``verify`` with its secret sealed or opened (``crypt``: the box's seal or open)."""
+    if not verify or not isinstance(verify.get("secret"), str):
+        return verify
+    return {**verify, "secret": crypt(verify["secret"])}
+
+
+def _hook(row: Any, box: SecretBox) -> Hook:
     return Hook(
-        row.id, row.workspace_id, Mode(row.mode), row.flow_id, row.verify, row.dedup_header,
-        row.rate_limit, row.created_at,
+        row.id, row.workspace_id, Mode(row.mode), row.flow_id, _verify(row.verify, box.open),
+        row.dedup_header, row.rate_limit, row.created_at,
     )  # fmt: skip
 
 
 async def insert_hook(conn: AsyncConnection, hook: Hook) -> None:
+    verify = _verify(hook.verify, cipher(conn).seal)
     await conn.execute(
         inbound_hooks.insert().values(
             id=hook.id, workspace_id=hook.workspace_id, mode=str(hook.mode), flow_id=hook.flow_id,
-            verify=hook.verify, dedup_header=hook.dedup_header, rate_limit=hook.rate_limit,
+            verify=verify, dedup_header=hook.dedup_header, rate_limit=hook.rate_limit,
             created_at=hook.created_at,
         )
     )  # fmt: skip
@@ -59,7 +69,7 @@ async def get_hook(
     if workspace_id is not None:
         q = q.where(inbound_hooks.c.workspace_id == workspace_id, inbound_hooks.c.mode == str(mode))
     row = (await conn.execute(q)).first()
-    return _hook(row) if row else None
+    return _hook(row, cipher(conn)) if row else None
 
 
 async def list_hooks(
@@ -73,7 +83,8 @@ async def list_hooks(
     )
     if after is not None:
         q = q.where(inbound_hooks.c.id < after)
-    return [_hook(r) for r in (await conn.execute(q)).all()]
+    box = cipher(conn)
+    return [_hook(r, box) for r in (await conn.execute(q)).all()]
 
 
 async def delete_hook(conn: AsyncConnection, hook_id: str) -> None:

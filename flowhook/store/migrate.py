@@ -10,6 +10,7 @@ from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from flowhook.store import secrets
 from flowhook.store.db import Database
 
 __all__ = ["migrate", "current_revision", "head_revision", "alembic_config"]
@@ -30,12 +31,19 @@ def head_revision() -> str:
 
 
 async def migrate(db: Database, revision: str = "head") -> None:
-    """Bring the schema to ``revision`` (idempotent)."""
+    """Bring the schema to ``revision`` (idempotent). Needs the secret key (a missing or
+    malformed one stops here, before anything is served); at the head it also seals
+    secrets an older process wrote in plaintext since, and checks every sealed one opens
+    with the keys given (a wrong key stops here too, and nothing is written)."""
+    box = db.keyring.box()
 
     def _upgrade(sync_conn: Any) -> None:
         cfg = alembic_config()
         cfg.attributes["connection"] = sync_conn
+        cfg.attributes["secret_box"] = box
         command.upgrade(cfg, revision)
+        if revision == "head":
+            secrets.reseal(sync_conn, box, mode="seal").raise_if_unreadable(box.source)
 
     async with db.writer.begin() as conn:
         await conn.run_sync(_upgrade)

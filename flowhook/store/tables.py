@@ -172,9 +172,9 @@ webhook_endpoints = Table(
     Column("description", Text, nullable=False, server_default=""),
     Column("enabled", Boolean, nullable=False),
     Column("disabled_reason", Text),
-    # The signing secret as shown to the user (whsec_…); it must be readable to sign with.
-    Column("secret", String(100), nullable=False),
-    Column("previous_secret", String(100)),
+    # The signing secret (whsec_…), sealed by store/crypto.py: readable to sign with.
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text),
     Column("previous_secret_expires_at", UTCDateTime()),
     Column("failing_since", UTCDateTime()),
     Column("created_at", UTCDateTime(), nullable=False),

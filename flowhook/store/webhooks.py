@@ -16,6 +16,7 @@ from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
+from flowhook.store.crypto import SecretBox, cipher
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
 from flowhook.store.tables import (
     deliveries,
@@ -55,7 +56,7 @@ _DUE = text("deliveries.status = 'pending'")
 """Written out, not bound, so the partial index ix_deliveries_due always applies."""
 
 
-def _endpoint(row: Any, events_of: list[str]) -> Endpoint:
+def _endpoint(row: Any, events_of: list[str], box: SecretBox) -> Endpoint:
     return Endpoint(
         id=row.id,
         workspace_id=row.workspace_id,
@@ -64,10 +65,10 @@ def _endpoint(row: Any, events_of: list[str]) -> Endpoint:
         description=row.description,
         enabled=bool(row.enabled),
         events=sorted(events_of),
-        secret=row.secret,
+        secret=box.open(row.secret),
         created_at=row.created_at,
         updated_at=row.updated_at,
-        previous_secret=row.previous_secret,
+        previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
         previous_secret_expires_at=row.previous_secret_expires_at,
         disabled_reason=row.disabled_reason,
         failing_since=row.failing_since,
@@ -83,14 +84,15 @@ async def _events_of(conn: AsyncConnection, endpoint_ids: Sequence[str]) -> dict
     return found
 
 
-def _endpoint_values(ep: Endpoint) -> dict[str, Any]:
+def _endpoint_values(ep: Endpoint, box: SecretBox) -> dict[str, Any]:
+    """The columns to write; secrets sealed."""
     return {
         "url": ep.url,
         "description": ep.description,
         "enabled": ep.enabled,
         "disabled_reason": ep.disabled_reason,
-        "secret": ep.secret,
-        "previous_secret": ep.previous_secret,
+        "secret": box.seal(ep.secret),
+        "previous_secret": box.seal(ep.previous_secret) if ep.previous_secret else None,
         "previous_secret_expires_at": ep.previous_secret_expires_at,
         "failing_since": ep.failing_since,
         "updated_at": ep.updated_at,
@@ -104,7 +106,7 @@ async def insert_endpoint(conn: AsyncConnection, ep: Endpoint) -> None:
             workspace_id=ep.workspace_id,
             mode=str(ep.mode),
             created_at=ep.created_at,
-            **_endpoint_values(ep),
+            **_endpoint_values(ep, cipher(conn)),
         )
     )
     await conn.execute(
@@ -125,7 +127,7 @@ async def get_endpoint(
     row = (await conn.execute(q)).first()
     if row is None:
         return None
-    return _endpoint(row, (await _events_of(conn, [row.id]))[row.id])
+    return _endpoint(row, (await _events_of(conn, [row.id]))[row.id], cipher(conn))
 
 
 async def list_endpoints(
@@ -141,12 +143,15 @@ async def list_endpoints(
         q = q.where(_EP.id < after)
     rows = (await conn.execute(q)).all()
     chosen = await _events_of(conn, [r.id for r in rows])
-    return [_endpoint(r, chosen[r.id]) for r in rows]
+    box = cipher(conn)
+    return [_endpoint(r, chosen[r.id], box) for r in rows]
 
 
 async def update_endpoint(conn: AsyncConnection, ep: Endpoint, *, events_changed: bool) -> None:
     await conn.execute(
-        update(webhook_endpoints).where(_EP.id == ep.id).values(**_endpoint_values(ep))
+        update(webhook_endpoints)
+        .where(_EP.id == ep.id)
+        .values(**_endpoint_values(ep, cipher(conn)))
     )
     if events_changed:
         await conn.execute(delete(endpoint_events).where(endpoint_events.c.endpoint_id == ep.id))
@@ -301,6 +306,7 @@ async def claim_deliveries(
         .where(_D.id.in_(claimed_ids))
         .order_by(_D.created_at)
     )
+    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
     return [
         DueDelivery(
             r.id,
@@ -311,8 +317,8 @@ async def claim_deliveries(
             bytes(r.body),
             r.url,
             bool(r.enabled),
-            r.secret or "",
-            r.previous_secret,
+            box.open(r.secret) if r.secret else "",
+            box.open(r.previous_secret) if r.previous_secret else None,
             r.previous_secret_expires_at,
             r.failing_since,
             r.created_at,

@@ -198,12 +198,16 @@ def test_sigterm_drains_a_worker(tmp_path: Path, database_url: str) -> None:
 
 
 def api_key(database_url: str) -> str:
+    import os
     import subprocess
     import sys
+
+    from tests.support import secret_key_env
 
     flowhook = str(Path(sys.executable).with_name("flowhook"))
     out = subprocess.run(
         [flowhook, "keys", "create", "--mode", "test", "--json", "--database-url", database_url],
+        env={**os.environ, **secret_key_env(database_url)},
         capture_output=True,
         text=True,
         check=True,
