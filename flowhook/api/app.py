@@ -22,6 +22,7 @@ from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.web import routes as web_routes
+from flowhook.web.security import PAGE_HEADERS
 
 __all__ = ["create_app", "api_app"]
 
@@ -88,7 +89,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
     install_error_handlers(app, html=web_routes.render_error)
-    app.add_middleware(RequestGuard, max_body=settings.max_request_bytes)
+    app.add_middleware(RequestGuard, max_body=settings.max_request_bytes, page_headers=PAGE_HEADERS)
     return app
 
 
