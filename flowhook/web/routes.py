@@ -411,7 +411,8 @@ def _version(text: str | None) -> int | None:
     ASCII digits is refused (``str.isdigit`` takes "²", which ``int`` does not)."""
     if not text:
         return None
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= _MAX_VERSION:
+    digits = len(text) <= 10 and text.isascii() and text.isdigit()  # int() of 5,000 digits raises
+    if not digits or not 1 <= int(text) <= _MAX_VERSION:
         raise InvalidInput(f"version must be a whole number from 1 to {_MAX_VERSION}")
     return int(text)
 

@@ -104,7 +104,7 @@ def test_secure_cookies_setting(tmp_path: Path) -> None:
 def test_odd_input_on_pages_is_a_4xx_page(tmp_path: Path, database_url: str) -> None:
     with serve(tmp_path, database_url, **QUIET) as server, signed_in(server) as (client, csrf):
         flow_id = server.value("example flow")
-        for version in ("²", "12345678901234567890", "0", "-1", "1.5"):
+        for version in ("²", "12345678901234567890", "9" * 5000, "0", "-1", "1.5", "٣"):
             r = client.get(f"/flows/{flow_id}", params={"version": version})
             assert r.status_code == 400, (version, r.text)
             assert "version must be a whole number from 1 to 2000000000" in r.text
@@ -122,6 +122,7 @@ def test_odd_input_on_pages_is_a_4xx_page(tmp_path: Path, database_url: str) -> 
             '{"a": NaN}': "NaN is not a JSON number",
             '{"a": -Infinity}': "-Infinity is not a JSON number",
             '{"a": 123456789012345678901234567890}': "integer too large to store",
+            '{"a": ' + "9" * 5000 + "}": "The payload is not valid JSON",
             '{"a": "\\ud800"}': "cannot be stored",
             "[1]": "must be a JSON object",
         }
