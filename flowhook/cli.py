@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -103,6 +104,8 @@ def _configure_logging(settings: Settings) -> None:
 
 
 def _print_welcome(seeded: Bootstrapped, base: str) -> None:
+    """The first-start keys go to standard output once, as plain text, never through the
+    logger: in JSON-log mode the log (standard error) records only that they were made."""
     body = json.dumps({"flow_id": seeded.flow_id, "payload": EXAMPLE_PAYLOAD})
     lines = [
         "",
@@ -120,7 +123,12 @@ def _print_welcome(seeded: Bootstrapped, base: str) -> None:
         "Then read it with GET /api/v1/flows/runs/<run_id> (same key).",
         "",
     ]
-    print("\n".join(lines), flush=True)
+    print("\n".join(lines), file=sys.stdout, flush=True)
+    logging.getLogger("flowhook").info(
+        "created a workspace on the empty database with a sandbox key, a live key and the "
+        "example flow %s; the keys were printed once to standard output, not to this log",
+        seeded.flow_id,
+    )
 
 
 @app.command()
@@ -331,7 +339,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (key_…), from `flowhook keys list`.")],
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Revoke an API key: it stops working at once here, and within the key cache TTL elsewhere."""
+    """Revoke an API key: every running server refuses it within a second."""
     settings = _settings(database_url=database_url)
     key = _with_db(settings, lambda db: KeyService(db, SystemClock()).revoke(key_id))
     console.print(f"revoked {key.id} ({key.prefix}…)")

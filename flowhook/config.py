@@ -70,13 +70,19 @@ class Settings(BaseSettings):
     rate_limit: float = Field(default=1000.0, ge=0)
     """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
 
-    # Authentication cache: how long a looked-up key is trusted before it is checked again.
+    # Authentication cache: how long a looked-up key is trusted before it is checked again
+    # (revocations clear it in every process within a second, whatever this says).
     key_cache_seconds: float = Field(default=30.0, ge=0)
 
     secret_key: SecretStr | None = None
     """Keys that encrypt endpoint and hook secrets at rest: comma-separated, newest first,
     each 44 characters (``flowhook secrets generate-key``). Unset: a key file beside a SQLite
     database; PostgreSQL needs it (checked at start, by ``flowhook.store.crypto``)."""
+    secure_cookies: bool = False
+    """Mark the settings screen's session cookie ``Secure`` even when the request reached us
+    over plain http (TLS ends at a proxy uvicorn does not trust for X-Forwarded-Proto)."""
+    metrics_token: SecretStr | None = None
+    """When set, ``/metrics`` answers only ``Authorization: Bearer <this token>``."""
 
     # SQLite durability: FULL syncs every commit (safe against power loss), NORMAL only
     # against a crash of the process.

@@ -18,10 +18,12 @@ from flowhook.config import Settings
 from flowhook.gctune import tune_for_server
 from flowhook.runtime import Runtime
 from flowhook.service import Services
+from flowhook.service.auth import RevocationWatch
 from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.web import routes as web_routes
+from flowhook.web.security import PAGE_HEADERS
 
 __all__ = ["create_app", "api_app"]
 
@@ -49,11 +51,14 @@ def create_app(
             secret_key=settings.secret_key,
         )
         runtime: Runtime | None = None
+        revocations: RevocationWatch | None = None
         try:
             if run_migrations:
                 await migrate(db)
             services = Services(db, clock, settings, db.wakeups["runs"])
             app.state.services = services
+            revocations = RevocationWatch(db, services.keys)
+            await revocations.start()
             if on_bootstrap is not None:
                 seeded = await bootstrap(db, services.keys, services.flows)
                 if seeded is not None:
@@ -67,6 +72,8 @@ def create_app(
         finally:
             if runtime is not None:
                 await runtime.stop()
+            if revocations is not None:
+                await revocations.stop()
             await db.dispose()
 
     app = FastAPI(
@@ -92,7 +99,7 @@ def create_app(
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
     install_error_handlers(app, html=web_routes.render_error)
-    app.add_middleware(RequestGuard, max_body=settings.max_request_bytes)
+    app.add_middleware(RequestGuard, max_body=settings.max_request_bytes, page_headers=PAGE_HEADERS)
     return app
 
 

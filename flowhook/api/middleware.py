@@ -1,5 +1,5 @@
-"""Pure-ASGI middleware: request ids, body limits and media type, and the last word on
-unexpected errors (one log line with the request id; a 500 with no internals)."""
+"""Pure-ASGI middleware: request ids, page headers, body limits and media type, and the last
+word on unexpected errors (one log line with the request id; a 500 with no internals)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,19 @@ def _is_json(content_type: str) -> bool:
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, max_body: int, json_prefix: str = "/api/") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body: int,
+        json_prefix: str = "/api/",
+        page_headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self.app = app
         self.max_body = max_body
         self.json_prefix = json_prefix
+        self.page_headers = page_headers or []
+        """Added to every answer outside ``json_prefix`` (the pages: framing, CSP)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,15 +64,15 @@ class RequestGuard:
         scope.setdefault("state", {})["request_id"] = request_id
         logs.request_id.set(request_id)
         started = False
+        extra = [(b"x-request-id", request_id.encode())]
+        if not scope["path"].startswith(self.json_prefix):
+            extra += self.page_headers
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-request-id", request_id.encode()),
-                ]
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         async def reply(status: int, text: str, code: str) -> None:

@@ -460,7 +460,7 @@ class Executor:
         if run.status is RunStatus.QUEUED:  # started and finished in one commit
             changes = ((RunStatus.RUNNING, {}, True), *changes)
         await self._write(run, changes, pending.steps, pending.events)
-        metrics.RUNS_FINISHED.labels(flow_id=run.flow_id, status=str(status)).inc()
+        metrics.RUNS_FINISHED.labels(status=str(status)).inc()
         run.status = status
         return status
 
@@ -488,7 +488,7 @@ class Executor:
         )
         values = {"finished_at": now, "duration_ms": duration}
         await self._write(run, ((RunStatus.CANCELLED, values, False),), [], [event])
-        metrics.RUNS_FINISHED.labels(flow_id=run.flow_id, status="cancelled").inc()
+        metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
 
 

@@ -7,8 +7,9 @@ from prometheus_client import Counter, Histogram
 __all__ = ["RUNS_FINISHED", "START_LATENCY", "STEP_SECONDS"]
 
 RUNS_FINISHED = Counter(
-    "flowhook_runs_finished_total", "Runs that reached a terminal status.", ["flow_id", "status"]
+    "flowhook_runs_finished_total", "Runs that reached a terminal status.", ["status"]
 )
+"""By status only: a series per flow would grow without bound and name every tenant's flows."""
 START_LATENCY = Histogram(
     "flowhook_run_start_latency_seconds",
     "From a run's 202 (queued_at) to a worker starting it.",

@@ -3,28 +3,41 @@
 A key is ``sk_test_`` or ``sk_live_`` and 32 base32 characters (160 random bits). Only its
 SHA-256 is stored: the key has too much entropy for a slow hash to add anything, and a fast
 one keeps authentication off the hot path's budget.
+
+Authentication asks the database only on a cache miss. A revocation clears the cache of the
+process that made it at once, and :class:`RevocationWatch` clears every other process's
+within a second: PostgreSQL announces revocations with NOTIFY, and on SQLite (where
+``flowhook keys revoke`` may run beside ``serve``) a background check reads a revocation
+marker twice a second. Either way no request pays a query for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 
 from flowhook.clock import Clock
-from flowhook.errors import NotFound, Unauthenticated
+from flowhook.errors import NotFound, StoreUnavailable, Unauthenticated
 from flowhook.ids import new_id
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.store import keys as keys_store
 from flowhook.store.db import Database
 from flowhook.store.models import ApiKey, Mode, Workspace
+from flowhook.store.wakeup import PgListener, Wakeup
 
-__all__ = ["Principal", "KeyService", "hash_key", "CreatedKey"]
+__all__ = ["Principal", "KeyService", "hash_key", "CreatedKey", "RevocationWatch"]
+
+log = logging.getLogger("flowhook")
 
 _KEY_RE = re.compile(r"^sk_(test|live)_[a-z2-7]{32}$")
 
@@ -65,6 +78,8 @@ class KeyService:
         self._ttl = cache_seconds
         self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
         self._cache_max = 10_000
+        self._generation = 0
+        """Bumped by :meth:`forget`: a lookup that raced a revocation is not remembered."""
 
     async def create(self, mode: Mode, workspace: str = "default") -> CreatedKey:
         """A new key for ``workspace`` (created when missing)."""
@@ -97,8 +112,13 @@ class KeyService:
             key = await keys_store.revoke_key(conn, key_id, self._clock.now())
         if key is None:
             raise NotFound(f"no API key {key_id!r}")
-        self._cache.clear()  # this process forgets at once; others within the cache TTL
+        self.forget()  # this process at once; the others through their RevocationWatch
         return key
+
+    def forget(self) -> None:
+        """Drop every cached key: the next request of each key reads it again."""
+        self._cache.clear()
+        self._generation += 1
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal for an ``Authorization: Bearer <key>`` header, or Unauthenticated."""
@@ -117,8 +137,10 @@ class KeyService:
         if hit is not None and hit[1] > time.monotonic():
             principal = hit[0]
         else:
+            generation = self._generation
             principal = await self._lookup(digest)
-            self._remember(digest, principal)
+            if generation == self._generation:
+                self._remember(digest, principal)
         if principal is None:
             raise Unauthenticated("unknown or revoked API key")
         if self._rate > 0:
@@ -144,3 +166,64 @@ class KeyService:
         self._cache.move_to_end(digest)
         while len(self._cache) > self._cache_max:
             self._cache.popitem(last=False)
+
+
+class RevocationWatch:
+    """Makes a key revoked in another process stop working here within ``interval``.
+
+    SQLite: every ``interval`` one small query reads the revocation marker and the cache is
+    forgotten when it moved. PostgreSQL: LISTEN on the keys channel forgets at once; the
+    marker is still read every ``fallback`` seconds in case the listening connection was
+    down when a revocation was announced.
+    """
+
+    def __init__(
+        self, db: Database, keys: KeyService, *, interval: float = 0.5, fallback: float = 5.0
+    ) -> None:
+        self._db = db
+        self._keys = keys
+        self._every = interval if db.is_sqlite else fallback
+        self._wakeup = Wakeup()
+        self._listener: PgListener | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._seen: tuple[int, datetime | None] | None = None
+
+    async def start(self) -> None:
+        self._seen = await self._marker()
+        if not self._db.is_sqlite:
+            dsn = self._db.url.replace("+asyncpg", "")
+            self._listener = PgListener(dsn, {keys_store.KEYS_CHANNEL: self._wakeup})
+            await self._listener.start()
+        self._task = asyncio.create_task(self._watch(), name="flowhook-key-revocations")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+
+    async def _marker(self) -> tuple[int, datetime | None] | None:
+        try:
+            async with self._db.read() as conn:
+                return await keys_store.revocations(conn)
+        except StoreUnavailable:
+            return None  # read again next time; the cache TTL still bounds staleness
+
+    async def _watch(self) -> None:
+        while True:
+            announced = await self._wakeup.wait(self._every)
+            self._wakeup.clear()
+            if announced:
+                self._keys.forget()
+            try:
+                marker = await self._marker()
+            except Exception:
+                log.exception("key revocation check failed")
+                continue
+            if marker is not None and marker != self._seen:
+                self._keys.forget()
+                self._seen = marker

@@ -1,14 +1,17 @@
-"""Gauges read from the store when /metrics is scraped."""
+"""Gauges read from the store when /metrics is scraped, and who may scrape it."""
 
 from __future__ import annotations
 
+import hmac
+
 from prometheus_client import Gauge
 
+from flowhook.config import Settings
 from flowhook.service import Services
 from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as webhooks_store
 
-__all__ = ["refresh_gauges", "OLDEST_PENDING", "QUEUE_DEPTH", "OLDEST_QUEUED"]
+__all__ = ["refresh_gauges", "scrape_allowed", "OLDEST_PENDING", "QUEUE_DEPTH", "OLDEST_QUEUED"]
 
 OLDEST_PENDING = Gauge(
     "flowhook_webhook_oldest_pending_seconds",
@@ -30,3 +33,15 @@ async def refresh_gauges(services: Services) -> None:
     OLDEST_PENDING.set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
     QUEUE_DEPTH.set(depth)
     OLDEST_QUEUED.set(max(0.0, (now - oldest_run).total_seconds()) if oldest_run else 0.0)
+
+
+def scrape_allowed(settings: Settings, authorization: str | None) -> bool:
+    """Anyone when FLOWHOOK_METRICS_TOKEN is unset; else only ``Bearer <that token>``,
+    compared in constant time."""
+    token = settings.metrics_token.get_secret_value() if settings.metrics_token else ""
+    if not token:
+        return True
+    scheme, _, given = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )

@@ -66,7 +66,8 @@ class SessionService:
 
     @staticmethod
     def check_csrf(session: WebSession, given: str | None) -> None:
-        if not given or not hmac.compare_digest(session.csrf_token, given):
+        # Bytes: compare_digest refuses str with characters outside ASCII (a TypeError).
+        if not given or not hmac.compare_digest(session.csrf_token.encode(), given.encode()):
             raise Unauthenticated(
                 "the form's security token is missing or wrong; reload the page and try again"
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import ApiKey, Mode, Workspace
@@ -19,7 +19,12 @@ __all__ = [
     "list_keys",
     "revoke_key",
     "get_key",
+    "revocations",
+    "KEYS_CHANNEL",
 ]
+
+KEYS_CHANNEL = "flowhook_keys"
+"""PostgreSQL NOTIFY channel: a key was revoked (every API process forgets its key cache)."""
 
 
 async def count_workspaces(conn: AsyncConnection) -> int:
@@ -97,12 +102,16 @@ async def list_keys(conn: AsyncConnection, workspace_name: str | None = None) ->
 
 
 async def revoke_key(conn: AsyncConnection, key_id: str, now: datetime) -> ApiKey | None:
-    """Revoke the key; ``None`` when there is no such key. Revoking twice keeps the first time."""
-    await conn.execute(
+    """Revoke the key; ``None`` when there is no such key. Revoking twice keeps the first time.
+    On PostgreSQL the revocation is announced on :data:`KEYS_CHANNEL` at commit; on SQLite
+    other processes see :func:`revocations` change."""
+    done = await conn.execute(
         update(api_keys)
         .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+    if done.rowcount and conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {KEYS_CHANNEL}"))
     row = (
         await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
     ).first()
@@ -114,3 +123,16 @@ async def get_key(conn: AsyncConnection, key_id: str) -> ApiKey | None:
         await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
     ).first()
     return _key(row) if row else None
+
+
+async def revocations(conn: AsyncConnection) -> tuple[int, datetime | None]:
+    """(revoked keys, latest revocation): changes whenever a key is revoked, read cheaply
+    by every process that caches keys."""
+    row = (
+        await conn.execute(
+            select(func.count(), func.max(api_keys.c.revoked_at)).where(
+                api_keys.c.revoked_at.is_not(None)
+            )
+        )
+    ).one()
+    return int(row[0]), row[1]

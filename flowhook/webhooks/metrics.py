@@ -18,8 +18,15 @@ ATTEMPT_SECONDS = Histogram(
 )
 
 
+OUTCOMES = frozenset(
+    {"delivered", "redirect", "throttled", "http_4xx", "http_5xx", "destination_blocked",
+     "timeout", "dns", "tls", "connection"}
+)  # fmt: skip
+"""The label's fixed set; anything else counts as ``other`` (the series stay bounded)."""
+
+
 def record_attempt(outcome: str, duration_ms: int) -> None:
-    ATTEMPTS.labels(outcome=outcome).inc()
+    ATTEMPTS.labels(outcome=outcome if outcome in OUTCOMES else "other").inc()
     ATTEMPT_SECONDS.observe(duration_ms / 1000)
 
 

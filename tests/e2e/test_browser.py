@@ -78,7 +78,10 @@ def page() -> Iterator[Any]:
         tab = context.new_page()
         tab.set_default_timeout(15_000)
         tab.on("dialog", lambda dialog: dialog.accept())
+        refused: list[str] = []  # the pages' Content-Security-Policy must not block them
+        tab.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
         yield tab
+        assert not refused, refused
         context.close()
         browser.close()
 

@@ -291,7 +291,7 @@ async def test_metrics_count_attempts_and_pending_age(api: Api, receiver: Receiv
     assert 'flowhook_webhook_attempts_total{outcome="delivered"}' in text
     assert "flowhook_webhook_delivery_latency_seconds_count" in text
     assert "flowhook_webhook_oldest_pending_seconds 0.0" in text
-    assert 'flowhook_runs_finished_total{flow_id="' in text
+    assert 'flowhook_runs_finished_total{status="completed"}' in text
     assert "flowhook_queue_depth 0.0" in text
     assert "flowhook_run_start_latency_seconds_count" in text
     assert 'flowhook_step_duration_seconds_count{status="completed",type="transform"}' in text

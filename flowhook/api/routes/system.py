@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
@@ -10,7 +10,7 @@ from flowhook.api.deps import ServicesDep
 from flowhook.api.responses import ORJSONResponse, error_response
 from flowhook.definition import FLOW_SCHEMA
 from flowhook.errors import StoreUnavailable
-from flowhook.service.metrics import refresh_gauges
+from flowhook.service.metrics import refresh_gauges, scrape_allowed
 
 router = APIRouter(tags=["system"])
 
@@ -35,6 +35,13 @@ async def flow_schema() -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
-async def metrics(services: ServicesDep) -> Response:
+async def metrics(request: Request, services: ServicesDep) -> Response:
+    if not scrape_allowed(services.settings, request.headers.get("authorization")):
+        return error_response(
+            401,
+            "send Authorization: Bearer <FLOWHOOK_METRICS_TOKEN> to read the metrics",
+            "unauthenticated",
+            {"WWW-Authenticate": "Bearer"},
+        )
     await refresh_gauges(services)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
