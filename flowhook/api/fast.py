@@ -11,7 +11,6 @@ gives, and the route keeps documenting the endpoint in OpenAPI.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
@@ -26,16 +25,17 @@ __all__ = ["EXECUTE_PATH", "parse_execute", "handle_execute"]
 
 EXECUTE_PATH = "/api/v1/flows/execute"
 _FIELDS = frozenset({"flow_id", "trigger", "payload"})
-_LONG_NUMBER = re.compile(rb"[0-9]{20}")
-"""orjson reads an integer beyond 64 bits as a float, silently; such a body (or one that
-merely holds 20 digits in a row) goes to the model's parser, which keeps it exact, so the
-service refuses it as it refuses it there."""
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # digits → "0", others → " "
+_LONG_NUMBER = b"0" * 20
+"""orjson reads an integer beyond 64 bits as a float, silently; a body holding 20 digits in a
+row goes to the model's parser instead, which keeps such an integer exact, so the service
+refuses it there. (A translate and a substring search: a tenth of a regex's time.)"""
 
 
 def parse_execute(body: bytes) -> tuple[str, str, dict[str, Any]] | None:
     """(flow_id, trigger, payload) of a body the FastAPI model would accept as it is, or
     ``None`` to let that model answer (and name what is wrong)."""
-    if _LONG_NUMBER.search(body):
+    if _LONG_NUMBER in body.translate(_DIGITS):
         return None
     try:
         data = orjson.loads(body)
