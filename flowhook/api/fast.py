@@ -35,7 +35,7 @@ refuses it there. (A translate and a substring search: a tenth of a regex's time
 def parse_execute(body: bytes) -> tuple[str, str, dict[str, Any]] | None:
     """(flow_id, trigger, payload) of a body the FastAPI model would accept as it is, or
     ``None`` to let that model answer (and name what is wrong)."""
-    if _LONG_NUMBER in body.translate(_DIGITS):
+    if body.translate(_DIGITS).find(_LONG_NUMBER) >= 0:
         return None
     try:
         data = orjson.loads(body)

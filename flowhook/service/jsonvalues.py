@@ -29,9 +29,9 @@ def encode_json(value: Any, field: str) -> orjson.Fragment:
         encoded = orjson.dumps(value)
     except TypeError as exc:
         raise InvalidInput(f"{field} {_why(str(exc))}", field=field) from None
-    if b"\\u0000" in encoded and _NUL.search(encoded):
+    if encoded.find(b"\\u0000") >= 0 and _NUL.search(encoded):
         raise InvalidInput(f"{field} must not contain the NUL character (\\u0000)", field=field)
-    if b"null" in encoded and _has_non_finite(value):  # orjson writes NaN and Infinity as null
+    if encoded.find(b"null") >= 0 and _has_non_finite(value):  # orjson writes NaN, Inf as null
         raise InvalidInput(f"{field} must not contain NaN or Infinity", field=field)
     return orjson.Fragment(encoded)
 
