@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     rate_limit: float = Field(default=1000.0, ge=0)
     """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
 
+    # Schedules
+    min_schedule_seconds: int = Field(default=60, ge=1)
+    """The shortest time a schedule's cron may leave between two ticks."""
+    max_schedules: int = Field(default=100, ge=1)
+    """Schedules a workspace may have in each mode (test, live)."""
+
     # Authentication cache: how long a looked-up key is trusted before it is checked again
     # (revocations clear it in every process within a second, whatever this says).
     key_cache_seconds: float = Field(default=30.0, ge=0)

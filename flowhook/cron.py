@@ -4,12 +4,16 @@ valid time after it (02:30 → 03:00); a tick in the hour repeated in autumn run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from itertools import pairwise
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
-__all__ = ["check_cron", "check_timezone", "next_tick"]
+__all__ = ["check_cron", "check_timezone", "next_tick", "shortest_gap"]
+
+_DAY = 86_400
 
 
 def check_cron(expression: str) -> str:
@@ -18,7 +22,27 @@ def check_cron(expression: str) -> str:
         raise ValueError(
             f"not a cron expression: {expression!r} (five fields, such as '*/5 * * * *')"
         )
+    try:
+        croniter(expression, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValueError(f"the cron expression {expression!r} never fires") from None
     return " ".join(fields)
+
+
+def shortest_gap(expression: str) -> int:
+    """A lower bound, in seconds, on the time between two ticks: from the times of day it
+    fires at (any day may fire, and the next day too), so ``0,30 * * * *`` gives 1800 and
+    ``0 9 * * 1`` 86400."""
+    expanded = croniter(expression).expanded
+    minutes, hours = _values(expanded[0], 60), _values(expanded[1], 24)
+    seconds = _values(expanded[5], 60) if len(expanded) > 5 else [0]
+    times = sorted(h * 3600 + m * 60 + s for h in hours for m in minutes for s in seconds)
+    gaps = [b - a for a, b in pairwise(times)]
+    return min([*gaps, _DAY - times[-1] + times[0]])
+
+
+def _values(field: Sequence[int | str], size: int) -> list[int]:
+    return list(range(size)) if field == ["*"] else sorted({int(v) for v in field})
 
 
 def check_timezone(name: str) -> ZoneInfo:

@@ -4,6 +4,10 @@ Requests that arrive while a transaction is being committed wait for the next on
 takes them all. An idle service commits a lone request at once (no added delay), and a busy
 one turns hundreds of single-row transactions into a few large ones. Each caller still gets
 its answer only after its rows are committed.
+
+One caller's bad item must not fail the others it shared a transaction with: when a batch's
+commit raises and ``isolate`` says the error may be one item's fault, each item is committed
+again on its own, so only the item that fails again gets the error.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ class GroupCommit(Generic[T, R]):
         commit: Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]],
         *,
         max_batch: int = 256,
+        isolate: Callable[[BaseException], bool] = lambda exc: isinstance(exc, Exception),
     ) -> None:
         self._commit = commit
         self._max = max_batch
+        self._isolate = isolate
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -48,16 +54,35 @@ class GroupCommit(Generic[T, R]):
             try:
                 results = await self._commit([item for item, _ in batch])
             except BaseException as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                if len(batch) > 1 and self._isolate(exc):
+                    await self._one_by_one(batch)
+                    continue
+                self._settle(batch, [exc] * len(batch))
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+            self._settle(batch, results)
+
+    async def _one_by_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        for entry in batch:
+            try:
+                results = await self._commit([entry[0]])
+            except BaseException as exc:
+                self._settle([entry], [exc])
+                if isinstance(exc, asyncio.CancelledError):
+                    self._settle(batch, [exc] * len(batch))
+                    raise
+                continue
+            self._settle([entry], results)
+
+    @staticmethod
+    def _settle(
+        batch: Sequence[tuple[T, asyncio.Future[R]]], results: Sequence[R | BaseException]
+    ) -> None:
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

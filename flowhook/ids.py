@@ -2,6 +2,10 @@
 
 The suffix is a UUIDv7 written in lower-case Crockford base32 (26 characters), as TypeID
 does, so ids sort by creation time and serve as pagination cursors.
+
+An id that is also a credential (an inbound hook's id is its public URL) comes from
+:func:`new_secret_id`: the same 10 leading characters (the millisecond, so it sorts among the
+others) followed by 130 random bits, 36 characters in all.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import re
 import threading
 import time
 
-__all__ = ["new_id", "is_id", "PREFIXES"]
+__all__ = ["new_id", "new_secret_id", "is_id", "PREFIXES"]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 PREFIXES = frozenset({"wf", "run", "evt", "ep", "dlv", "hk", "key", "ws", "att"})
@@ -39,9 +43,9 @@ def _uuid7_int() -> int:
     return (ms << 80) | (0x7 << 76) | (_seq << 64) | (0b10 << 62) | rand_b
 
 
-def _base32(value: int) -> str:
+def _base32(value: int, length: int = 26) -> str:
     chars = []
-    for _ in range(26):
+    for _ in range(length):
         chars.append(_ALPHABET[value & 31])
         value >>= 5
     return "".join(reversed(chars))
@@ -52,10 +56,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_base32(_uuid7_int())}"
 
 
-_ID_RE = re.compile(r"^([a-z]+)_([0-7][0-9a-hjkmnp-tv-z]{25})$")
+def new_secret_id(prefix: str) -> str:
+    """A new id that cannot be guessed (130 random bits), such as ``hk_01jd7w2k3m…`` (36
+    characters after the prefix); it sorts by creation time with :func:`new_id`'s ids."""
+    ms = time.time_ns() // 1_000_000
+    return f"{prefix}_{_base32(ms, 10)}{_base32(int.from_bytes(os.urandom(17), 'big') >> 6)}"
+
+
+_ID_RE = re.compile(r"^([a-z]+)_([0-7][0-9a-hjkmnp-tv-z]{25}(?:[0-9a-hjkmnp-tv-z]{10})?)$")
 
 
 def is_id(value: str, prefix: str) -> bool:
-    """Whether ``value`` has the shape of an id this service made with ``prefix``."""
-    m = _ID_RE.match(value)
+    """Whether ``value`` has the shape of an id this service made with ``prefix`` (either
+    function's)."""
+    m = _ID_RE.fullmatch(value)
     return m is not None and m.group(1) == prefix

@@ -25,11 +25,18 @@ __all__ = ["EXECUTE_PATH", "parse_execute", "handle_execute"]
 
 EXECUTE_PATH = "/api/v1/flows/execute"
 _FIELDS = frozenset({"flow_id", "trigger", "payload"})
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))  # digits → "0", others → " "
+_LONG_NUMBER = b"0" * 20
+"""orjson reads an integer beyond 64 bits as a float, silently; a body holding 20 digits in a
+row goes to the model's parser instead, which keeps such an integer exact, so the service
+refuses it there. (A translate and a substring search: a tenth of a regex's time.)"""
 
 
 def parse_execute(body: bytes) -> tuple[str, str, dict[str, Any]] | None:
     """(flow_id, trigger, payload) of a body the FastAPI model would accept as it is, or
     ``None`` to let that model answer (and name what is wrong)."""
+    if body.translate(_DIGITS).find(_LONG_NUMBER) >= 0:
+        return None
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -16,9 +16,16 @@ SIGNATURE_HEADER = "X-Service-Signature"
 def verify_signature(raw_body: bytes, signature: str, secret: str) -> bool:
     """Whether ``signature`` is the hex HMAC-SHA256 of ``raw_body`` keyed with ``secret``
     (the whole ``whsec_…`` string). Constant time. Pass the bytes you received, not a
-    re-serialised JSON document."""
-    expected = hmac.new(secret.encode(), raw_body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature.strip().lower())
+    re-serialised JSON document. Raises :class:`SignatureError` when ``signature`` cannot be
+    a digest at all (non-ASCII characters)."""
+    try:
+        given = signature.strip().lower().encode("ascii")
+    except UnicodeEncodeError:
+        raise SignatureError(
+            f"the {SIGNATURE_HEADER} header is not a hex digest (it holds non-ASCII characters)"
+        ) from None
+    expected = hmac.new(secret.encode(), raw_body, hashlib.sha256).hexdigest().encode()
+    return hmac.compare_digest(expected, given)
 
 
 def verify_webhook(raw_body: bytes, headers: Mapping[str, str], secret: str) -> None:

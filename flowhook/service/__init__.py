@@ -35,5 +35,10 @@ class Services:
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
-        self.schedules = ScheduleService(db, clock)
+        self.schedules = ScheduleService(
+            db,
+            clock,
+            min_seconds=settings.min_schedule_seconds,
+            max_per_workspace=settings.max_schedules,
+        )
         self.retention = RetentionService(db, clock, settings.retention_days)

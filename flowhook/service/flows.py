@@ -9,6 +9,7 @@ from flowhook.definition import validate_definition
 from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
+from flowhook.service.jsonvalues import check_json
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import flows as flows_store
 from flowhook.store.db import Database
@@ -28,6 +29,7 @@ class FlowService:
         self._allow_private = allow_private_targets
 
     async def create(self, who: Principal, definition: Any) -> Flow:
+        check_json(definition, "definition")
         definition = validate_definition(definition, allow_private_targets=self._allow_private)
         async with self._db.transaction() as conn:
             return await flows_store.insert_flow(
@@ -41,6 +43,7 @@ class FlowService:
             )
 
     async def update(self, who: Principal, flow_id: str, definition: Any) -> Flow:
+        check_json(definition, "definition")
         definition = validate_definition(definition, allow_private_targets=self._allow_private)
         async with self._db.transaction() as conn:
             flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)

@@ -1,12 +1,20 @@
 """Inbound webhooks: a public URL bound to a flow. Every arrival raises ``webhook.delivered``
 (accepted or not, and why); an accepted one also raises ``webhook.received`` and starts a run
-with trigger ``webhook``, all in one transaction."""
+with trigger ``webhook``, all in one transaction.
+
+The signature is checked before the hook's rate limit is charged, so forged requests cannot
+use up the sender's allowance; refused arrivals have a bucket of their own. A delivery id seen
+before (the hook's ``dedup_header``, or ``webhook-id`` on a Standard Webhooks hook, whose
+signed timestamp bounds how late a copy can come) answers with the run it started, and starts
+no other.
+"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,12 +22,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+import sqlalchemy.exc as sa_exc
 
 from flowhook.clock import Clock
 from flowhook.errors import FlowhookError, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import make_event
-from flowhook.ids import is_id, new_id
+from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
+from flowhook.service.jsonvalues import encode_json
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
@@ -36,12 +46,21 @@ __all__ = ["HookService", "Arrival", "DEFAULT_RATE_LIMIT"]
 DEFAULT_RATE_LIMIT = 600
 """Arrivals a minute per hook and process."""
 MAX_TIMESTAMP_SKEW = 300
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
     run_id: str
     duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Payload:
+    body: bytes
+    content_type: str
+    payload: dict[str, Any]
+    encoded: orjson.Fragment
 
 
 class _Refused(FlowhookError):
@@ -65,7 +84,7 @@ class HookService:
             if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
                 raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
         hook = Hook(
-            new_id("hk"), who.workspace_id, who.mode, flow_id, _check_verify(verify),
+            new_secret_id("hk"), who.workspace_id, who.mode, flow_id, _check_verify(verify),
             dedup_header or None, rate_limit, self._clock.now(),
         )  # fmt: skip
         async with self._db.transaction() as conn:
@@ -110,7 +129,7 @@ class HookService:
             else None
         )
         hook = Hook(
-            new_id("hk"),
+            new_secret_id("hk"),
             old.workspace_id,
             old.mode,
             old.flow_id,
@@ -124,10 +143,14 @@ class HookService:
             await store.delete_hook(conn, old.id)
         return hook
 
-    def _allow(self, hook: Hook) -> None:
-        """``rate_limit`` arrivals a minute, in bursts up to the same number."""
+    def _allow(self, hook: Hook, *, refused: bool = False) -> None:
+        """``rate_limit`` arrivals a minute, in bursts up to the same number; refused ones
+        count apart from the others."""
         self._buckets.take(
-            hook.id, rate=hook.rate_limit / 60, burst=float(hook.rate_limit), what="to this hook"
+            f"refused:{hook.id}" if refused else hook.id,
+            rate=hook.rate_limit / 60,
+            burst=float(hook.rate_limit),
+            what="to this hook",
         )
 
     async def receive(
@@ -140,16 +163,29 @@ class HookService:
             hook = await store.get_hook(conn, hook_id)
         if hook is None:
             raise NotFound("no such hook")
-        self._allow(hook)
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
-            _verify(hook, body, lowered, int(self._clock.now().timestamp()))
+            try:
+                _verify(hook, body, lowered, int(self._clock.now().timestamp()))
+            except _Refused:
+                self._allow(hook, refused=True)
+                raise
+            self._allow(hook)
             payload = _payload(body, content_type)
+            encoded = encode_json(payload, "the body")
+        except InvalidInput as exc:
+            await self._record(hook, body, content_type, accepted=False, reason="invalid JSON")
+            raise exc from None
         except _Refused as refused:
             await self._record(hook, body, content_type, accepted=False, reason=refused.reason)
             raise refused.error from None
-        key = lowered.get(hook.dedup_header.lower()) if hook.dedup_header else None
-        return await self._accept(hook, body, content_type, payload, key[:200] if key else None)
+        key = _delivery_id(hook, lowered)
+        arrival = _Payload(body, content_type, payload, encoded)
+        try:
+            return await self._accept(hook, arrival, key)
+        except sa_exc.IntegrityError:
+            # The same delivery id committed by a concurrent request first: answer as its copy.
+            return await self._accept(hook, arrival, key)
 
     async def _record(
         self,
@@ -181,9 +217,8 @@ class HookService:
             payload={"hook_id": hook.id, "accepted": accepted, "reason": reason, "content_type": content_type, "size": len(body)},
         )  # fmt: skip
 
-    async def _accept(
-        self, hook: Hook, body: bytes, content_type: str, payload: dict[str, Any], key: str | None
-    ) -> Arrival:
+    async def _accept(self, hook: Hook, arrival: _Payload, key: str | None) -> Arrival:
+        body, content_type = arrival.body, arrival.content_type
         now = self._clock.now()
         async with self._db.transaction() as conn:
             if key is not None:
@@ -203,9 +238,10 @@ class HookService:
                 raise NotFound("the flow of this hook was archived")
             run = Run(
                 run_id=new_id("run"), workspace_id=hook.workspace_id, mode=hook.mode, flow_id=flow.flow_id,
-                flow_version=flow.version, trigger="webhook", status=RunStatus.QUEUED, payload=payload, queued_at=now,
+                flow_version=flow.version, trigger="webhook", status=RunStatus.QUEUED,
+                payload=arrival.payload, queued_at=now,
             )  # fmt: skip
-            await runs_store.insert_run(conn, run)
+            await runs_store.insert_run(conn, run, payload=arrival.encoded)
             if key is not None:
                 await store.remember_delivery(conn, hook.id, key, run.run_id, now)
             received = make_event(
@@ -245,6 +281,23 @@ def _check_verify(verify: dict[str, Any] | None) -> dict[str, Any] | None:
     raise InvalidInput("verify.type must be hmac or standard", field="verify.type")
 
 
+def _delivery_id(hook: Hook, headers: Mapping[str, str]) -> str | None:
+    """The provider's id of this delivery, by which a copy of it is recognised."""
+    if hook.dedup_header:
+        key = headers.get(hook.dedup_header.lower())
+    elif hook.verify and hook.verify["type"] == "standard":
+        key = headers.get("webhook-id")  # signed, and checked by _verify
+    else:
+        key = None
+    return key[:200] if key else None
+
+
+def _same(expected: str, given: str) -> bool:
+    """Constant-time comparison of a signature we computed with one from a header (any
+    characters: a header that is not ASCII simply does not match)."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))
+
+
 def _verify(hook: Hook, body: bytes, headers: Mapping[str, str], now: int) -> None:
     verify = hook.verify
     if not verify:
@@ -260,7 +313,7 @@ def _verify(hook: Hook, body: bytes, headers: Mapping[str, str], now: int) -> No
         expected = (
             digest.hex() if verify["encoding"] == "hex" else base64.b64encode(digest).decode()
         )
-        if not hmac.compare_digest(expected, given):
+        if not _same(expected, given):
             raise _Refused(Unauthenticated("signature does not match the body"), "bad signature")
         return
     msg_id, stamp, signatures = (
@@ -270,12 +323,17 @@ def _verify(hook: Hook, body: bytes, headers: Mapping[str, str], now: int) -> No
     )
     if not (msg_id and stamp and signatures):
         raise _Refused(Unauthenticated("missing Standard Webhooks headers"), "missing signature")
-    if not stamp.isdigit() or abs(now - int(stamp)) > MAX_TIMESTAMP_SKEW:
+    if not _TIMESTAMP.fullmatch(stamp):
+        raise _Refused(
+            Unauthenticated("webhook-timestamp must be whole seconds since 1970 (UTC)"),
+            "bad timestamp",
+        )
+    if abs(now - int(stamp)) > MAX_TIMESTAMP_SKEW:
         raise _Refused(
             Unauthenticated("webhook-timestamp is too old or in the future"), "stale timestamp"
         )
     expected = standard_signature(verify["secret"], msg_id, int(stamp), body)
-    if not any(hmac.compare_digest(expected, s) for s in signatures.split()):
+    if not any(_same(expected, s) for s in signatures.split()):
         raise _Refused(Unauthenticated("signature does not match the body"), "bad signature")
 
 

@@ -14,11 +14,18 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
-from flowhook.errors import Conflict, IdempotencyConflict, InvalidInput, NotFound
+from flowhook.errors import (
+    Conflict,
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+    StoreUnavailable,
+)
 from flowhook.events import make_event
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
+from flowhook.service.jsonvalues import encode_json
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
@@ -45,6 +52,11 @@ class Started:
     """True when an Idempotency-Key matched an earlier request: ``run`` is that request's."""
 
 
+def _worth_retrying_alone(exc: BaseException) -> bool:
+    """A failed batch is redone request by request, unless the store itself is down."""
+    return isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
+
+
 def _run_not_found(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id!r} in this workspace and mode")
 
@@ -59,6 +71,8 @@ class _StartRequest:
     who: Principal
     flow_id: str
     payload: dict[str, Any]
+    encoded: orjson.Fragment
+    """``payload`` as the store writes it, encoded once before the request joins a batch."""
     trigger: str
     key: str | None
     digest: str | None
@@ -69,7 +83,9 @@ class RunService:
         self._db = db
         self._clock = clock
         self._wakeup = wakeup
-        self._group: GroupCommit[_StartRequest, Started] = GroupCommit(self._commit_starts)
+        self._group: GroupCommit[_StartRequest, Started] = GroupCommit(
+            self._commit_starts, isolate=_worth_retrying_alone
+        )
 
     async def start(
         self,
@@ -87,16 +103,17 @@ class RunService:
             raise InvalidInput(
                 f"trigger must be one of {allowed}, not {trigger!r}", field="trigger"
             )
-        if not flow_id.startswith("wf_") or len(flow_id) > 40:
+        if not flow_id.startswith("wf_") or len(flow_id) > 40 or not flow_id.isprintable():
             raise InvalidInput(f"flow_id must look like wf_…, not {flow_id!r}", field="flow_id")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
             raise InvalidInput(
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
                 field="Idempotency-Key",
             )
+        encoded = encode_json(payload, "payload")
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         return await self._group.submit(
-            _StartRequest(who, flow_id, payload, trigger, idempotency_key, digest)
+            _StartRequest(who, flow_id, payload, encoded, trigger, idempotency_key, digest)
         )
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
@@ -123,6 +140,7 @@ class RunService:
         now = self._clock.now()
         results: list[Started | BaseException] = []
         rows: list[tuple[Run, str | None, str | None]] = []
+        encoded: list[orjson.Fragment] = []
         flows: dict[tuple[str, str, str], Flow | None] = {}
         keyed: dict[tuple[str, str, str], tuple[Run, str | None]] = {}
         for req in batch:
@@ -169,10 +187,11 @@ class RunService:
                 queued_at=now,
             )
             rows.append((run, req.key, req.digest))
+            encoded.append(req.encoded)
             if req.key is not None:
                 keyed[(who.workspace_id, who.mode, req.key)] = (run, req.digest)
             results.append(Started(run, replayed=False))
-        await runs_store.insert_runs(conn, rows)
+        await runs_store.insert_runs(conn, rows, payloads=encoded)
         return results
 
     async def get(self, who: Principal, run_id: str) -> Run:

@@ -17,10 +17,11 @@ from typing import Any
 import sqlalchemy.exc as sa_exc
 
 from flowhook.clock import Clock
-from flowhook.cron import check_cron, check_timezone, next_tick
+from flowhook.cron import check_cron, check_timezone, next_tick, shortest_gap
 from flowhook.errors import InvalidInput, NotFound
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
+from flowhook.service.jsonvalues import check_json
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -35,28 +36,50 @@ log = logging.getLogger("flowhook.schedules")
 MISSED_AFTER = timedelta(seconds=60)
 
 
-def _validated(cron: str, timezone: str) -> str:
+def _validated(cron: str, timezone: str, min_seconds: int) -> str:
     try:
         check_timezone(timezone)
-        return check_cron(cron)
     except ValueError as exc:
-        raise InvalidInput(str(exc), field="timezone" if "zone" in str(exc) else "cron") from None
+        raise InvalidInput(str(exc), field="timezone") from None
+    try:
+        cron = check_cron(cron)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="cron") from None
+    gap = shortest_gap(cron)
+    if gap < min_seconds:
+        raise InvalidInput(
+            f"the cron expression {cron!r} can fire {gap} s apart; schedules here must leave "
+            f"at least {min_seconds} s between ticks",
+            field="cron",
+        )
+    return cron
 
 
 class ScheduleService:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(
+        self, db: Database, clock: Clock, *, min_seconds: int = 60, max_per_workspace: int = 100
+    ) -> None:
         self._db = db
         self._clock = clock
+        self._min_seconds = min_seconds
+        self._max = max_per_workspace
 
     async def create(
         self, who: Principal, *, flow_id: str, cron: str, timezone: str = "UTC",
         payload: dict[str, Any] | None = None, enabled: bool = True,
     ) -> Schedule:  # fmt: skip
-        cron = _validated(cron, timezone)
+        cron = _validated(cron, timezone, self._min_seconds)
+        check_json(payload, "payload")
         now = self._clock.now()
         async with self._db.transaction() as conn:
             if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
                 raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+            if await store.count_schedules(conn, who.workspace_id, who.mode) >= self._max:
+                raise InvalidInput(
+                    f"this workspace has {self._max} schedules in {who.mode} mode, the most "
+                    "allowed; delete one first",
+                    code="too_many_schedules",
+                )
             schedule = Schedule(
                 new_id("sch"), who.workspace_id, who.mode, flow_id, cron, timezone, payload or {},
                 enabled, next_tick(cron, timezone, now), now, now,
@@ -85,9 +108,13 @@ class ScheduleService:
 
     async def update(self, who: Principal, schedule_id: str, changes: dict[str, Any]) -> Schedule:
         s = await self.get(who, schedule_id)
-        s.cron = changes.get("cron") or s.cron
-        s.timezone = changes.get("timezone") or s.timezone
-        s.cron = _validated(s.cron, s.timezone)
+        if changes.get("cron") or changes.get("timezone"):
+            # Only a new cron or zone is checked: a schedule made under looser limits can
+            # still be paused or given another payload.
+            s.cron = changes.get("cron") or s.cron
+            s.timezone = changes.get("timezone") or s.timezone
+            s.cron = _validated(s.cron, s.timezone, self._min_seconds)
+        check_json(changes.get("payload"), "payload")
         if changes.get("payload") is not None:
             s.payload = changes["payload"]
         if changes.get("enabled") is not None:

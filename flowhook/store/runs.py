@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -105,17 +106,30 @@ async def insert_run(
     *,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    payload: orjson.Fragment | None = None,
 ) -> None:
-    """Write a queued run; it is its own queue entry. Wakes workers at commit."""
-    await insert_runs(conn, [(run, idempotency_key, request_hash)])
+    """Write a queued run; it is its own queue entry. Wakes workers at commit. ``payload``:
+    the run's payload already encoded (default: ``run.payload``, encoded here)."""
+    await insert_runs(
+        conn,
+        [(run, idempotency_key, request_hash)],
+        payloads=None if payload is None else [payload],
+    )
 
 
 async def insert_runs(
-    conn: AsyncConnection, batch: Sequence[tuple[Run, str | None, str | None]]
+    conn: AsyncConnection,
+    batch: Sequence[tuple[Run, str | None, str | None]],
+    *,
+    payloads: Sequence[orjson.Fragment] | None = None,
 ) -> None:
-    """Write many queued runs in one statement: (run, idempotency key, request hash) each."""
+    """Write many queued runs in one statement: (run, idempotency key, request hash) each;
+    ``payloads``, when given, are their payloads already encoded, in the same order (written
+    as they are, not encoded a second time)."""
     if not batch:
         return
+    if payloads is not None and len(payloads) != len(batch):
+        raise ValueError("one encoded payload per run")
     await bulk.insert(
         conn,
         runs,
@@ -128,13 +142,13 @@ async def insert_runs(
                 "flow_version": run.flow_version,
                 "trigger": run.trigger,
                 "status": str(run.status),
-                "payload": run.payload,
+                "payload": run.payload if payloads is None else payloads[i],
                 "queued_at": run.queued_at,
                 "available_at": run.queued_at,
                 "idempotency_key": key,
                 "request_hash": digest,
             }
-            for run, key, digest in batch
+            for i, (run, key, digest) in enumerate(batch)
         ],
     )
     conn.info.setdefault("wake", set()).add("runs")

@@ -17,6 +17,7 @@ __all__ = [
     "insert_schedule",
     "get_schedule",
     "list_schedules",
+    "count_schedules",
     "save_schedule",
     "delete_schedule",
     "due_schedules",
@@ -86,6 +87,13 @@ async def list_schedules(
     if after is not None:
         q = q.where(schedules.c.id < after)
     return [_schedule(r) for r in (await conn.execute(q)).all()]
+
+
+async def count_schedules(conn: AsyncConnection, workspace_id: str, mode: Mode) -> int:
+    q = select(func.count()).where(
+        schedules.c.workspace_id == workspace_id, schedules.c.mode == str(mode)
+    )
+    return int((await conn.execute(q)).scalar_one())
 
 
 async def save_schedule(conn: AsyncConnection, s: Schedule) -> None:

@@ -41,6 +41,7 @@ def test_every_remote_command(tmp_path: Path) -> None:
         "FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true",
         "FLOWHOOK_WEBHOOK_RETRY_SCHEDULE": "0.1",
         "FLOWHOOK_LOG_LEVEL": "warning",
+        "FLOWHOOK_MIN_SCHEDULE_SECONDS": "1",  # the schedule below ticks every second
     }
     with serve(tmp_path, f"sqlite:///{tmp_path / 'cli.db'}", **env) as server:
         flow_file = tmp_path / "flow.yaml"

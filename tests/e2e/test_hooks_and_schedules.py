@@ -62,7 +62,7 @@ def test_inbound_hook_over_http(tmp_path: Path, database_url: str) -> None:
 
 
 def test_two_processes_one_run_per_tick(tmp_path: Path, database_url: str) -> None:
-    env = {"FLOWHOOK_LOG_LEVEL": "warning"}
+    env = {"FLOWHOOK_LOG_LEVEL": "warning", "FLOWHOOK_MIN_SCHEDULE_SECONDS": "1"}
     with ExitStack() as stack:
         first = stack.enter_context(serve(tmp_path, database_url, **env))
         second = stack.enter_context(serve(tmp_path, database_url, **env))

@@ -22,6 +22,7 @@ async def test_two_schedulers_start_exactly_one_run_per_tick(
     settings: Settings, db: Database
 ) -> None:
     clock = FakeClock(datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC))
+    settings = settings.model_copy(update={"min_schedule_seconds": 1})  # every second
     first = Services(db, clock, settings, Wakeup())
     other_db = Database(settings.database_url, sqlite_synchronous="NORMAL")
     second = Services(other_db, clock, settings, Wakeup())

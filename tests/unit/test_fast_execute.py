@@ -33,6 +33,8 @@ BODIES = [
     b'{"flow_id": "wf_1", "bogus": 1}',
     b'{"flow_id": true}',
     b'{"flow_id": "wf_1", "payload": {"n": NaN}}',
+    b'{"flow_id": "wf_1", "payload": {"n": 123456789012345678901234567890}}',
+    b'{"flow_id": "wf_1", "payload": {"n": 18446744073709551615}}',
 ]
 
 
@@ -47,6 +49,19 @@ def test_fast_path_agrees_with_the_model(body: bytes) -> None:
     if fast is None:
         return  # declining is always safe: the model then handles the body
     assert fast == (model.flow_id, model.trigger, model.payload)
+
+
+def test_integers_beyond_64_bits_are_left_to_the_model() -> None:
+    # orjson would read them as floats, losing digits the model's parser keeps
+    assert (
+        parse_execute(b'{"flow_id": "wf_1", "payload": {"n": 123456789012345678901234567890}}')
+        is None
+    )
+    assert parse_execute(b'{"flow_id": "wf_1", "payload": {"n": 9223372036854775807}}') == (
+        "wf_1",
+        "api",
+        {"n": 2**63 - 1},
+    )
 
 
 def test_well_formed_bodies_take_the_fast_path() -> None:

@@ -107,12 +107,27 @@ async def rotate_hook(
     return ORJSONResponse(hook_record(request, hook, with_secret=True))
 
 
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "schema": {"type": "string"},
+            "description": description}  # fmt: skip
+
+
+_SIGNATURE_HEADERS = [
+    _header("X-Signature", "HMAC of the body (hmac hooks; the header name is the hook's)."),
+    _header("webhook-id", "Standard Webhooks: the delivery id; a repeat answers 200."),
+    _header("webhook-timestamp", "Standard Webhooks: seconds since 1970, within 5 minutes."),
+    _header("webhook-signature", "Standard Webhooks: v1,<base64 HMAC>, space-separated."),
+]
+
+
 @router.post(
     "/hooks/{hook_id}",
     status_code=202,
     summary="Public: deliver to an inbound hook (no API key)",
-    description='JSON becomes the run\'s payload, a form an object, anything else {"body": text}.',
+    description='JSON becomes the run\'s payload, a form an object, anything else {"body": text}. '
+    "A delivery id seen before answers 200 with the first run and `duplicate: true`.",
     responses=_ERRORS,
+    openapi_extra={"parameters": _SIGNATURE_HEADERS},
 )
 async def receive(hook_id: str, request: Request, services: ServicesDep) -> Response:
     body = await request.body()

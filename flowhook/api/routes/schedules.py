@@ -24,7 +24,8 @@ class ScheduleCreate(BaseModel):
     flow_id: str
     cron: str = Field(
         max_length=120,
-        description="Five fields (minute hour day month weekday), or six with seconds last.",
+        description="Five fields (minute hour day month weekday), or six with seconds last. "
+        "It must fire, and its ticks be at least FLOWHOOK_MIN_SCHEDULE_SECONDS (60) apart.",
     )
     timezone: str = Field(
         default="UTC",

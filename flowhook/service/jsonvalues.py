@@ -1,0 +1,64 @@
+"""JSON from outside that the store can keep: encoded once, here, before any transaction.
+
+A body the request parsers accept may still hold what the store cannot write back: an integer
+beyond 64 bits, nesting deeper than orjson writes, NaN or Infinity (orjson would store them as
+``null``), or a NUL character (PostgreSQL's ``jsonb`` refuses ``\\u0000``). Such a value is
+refused with :class:`InvalidInput` naming the field, instead of failing the commit it would
+have shared with other requests.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import orjson
+
+from flowhook.errors import InvalidInput
+
+__all__ = ["encode_json", "check_json"]
+
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+"""``\\u0000`` as orjson writes a NUL character (an even run of backslashes before it is text)."""
+
+
+def encode_json(value: Any, field: str) -> orjson.Fragment:
+    """``value`` as JSON, ready for the store (a JSON column writes the fragment as it is)."""
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError as exc:
+        raise InvalidInput(f"{field} {_why(str(exc))}", field=field) from None
+    if encoded.find(b"\\u0000") >= 0 and _NUL.search(encoded):
+        raise InvalidInput(f"{field} must not contain the NUL character (\\u0000)", field=field)
+    if encoded.find(b"null") >= 0 and _has_non_finite(value):  # orjson writes NaN, Inf as null
+        raise InvalidInput(f"{field} must not contain NaN or Infinity", field=field)
+    return orjson.Fragment(encoded)
+
+
+def check_json(value: Any, field: str) -> None:
+    """Raise :class:`InvalidInput` unless the store can keep ``value`` as it is."""
+    encode_json(value, field)
+
+
+def _why(message: str) -> str:
+    if "64-bit" in message:
+        return "holds an integer outside the 64-bit range (send it as a string)"
+    if "Recursion" in message:
+        return "is nested too deeply (at most 254 levels)"
+    return f"is not JSON: {message}"
+
+
+def _has_non_finite(value: Any) -> bool:
+    """NaN and ±Infinity (stdlib ``json`` reads them; orjson writes ``null``)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is float:
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
