@@ -1,5 +1,5 @@
 """Sealing every stored secret: plaintext rows written before secrets were encrypted
-(the 0007 migration, and each start for rows an older process wrote since), and rows under
+(the 0006 migration, and each start for rows an older process wrote since), and rows under
 an older key (``flowhook secrets rotate``).
 
 Works on a synchronous connection, so the migration (inside Alembic) and the async callers

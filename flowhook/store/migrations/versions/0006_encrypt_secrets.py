@@ -1,6 +1,6 @@
 """encrypt endpoint and hook secrets at rest
 
-Revision ID: 0007
+Revision ID: 0006
 Revises: 0005
 
 Widens the endpoint secret columns to hold a sealed value (``enc:v1:`` and a Fernet token),
@@ -18,7 +18,7 @@ from alembic import context, op
 from flowhook.store import secrets
 from flowhook.store.crypto import SecretBox
 
-revision = "0007"
+revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
