@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import FLOWHOOK, free_port
+from tests.support import FLOWHOOK, free_port, secret_key_env
 
 pytestmark = pytest.mark.e2e
 
@@ -27,6 +27,7 @@ def run_serve(cwd: Path, database_url: str) -> tuple[str, str]:
         "FLOWHOOK_PORT": str(port),
         "FLOWHOOK_LOG_FORMAT": "json",
         "FLOWHOOK_LOG_LEVEL": "info",
+        **secret_key_env(database_url),
     }
     proc = subprocess.Popen(
         [FLOWHOOK, "serve", "--access-log"],

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import FLOWHOOK, serve
+from tests.support import FLOWHOOK, secret_key_env, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 def cli(database_url: str, *args: str) -> str:
     done = subprocess.run(
         [FLOWHOOK, *args],
-        env={**os.environ, "FLOWHOOK_DATABASE_URL": database_url},
+        env={**os.environ, "FLOWHOOK_DATABASE_URL": database_url, **secret_key_env(database_url)},
         capture_output=True,
         text=True,
         timeout=60,
