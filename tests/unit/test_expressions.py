@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
+from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded
 
 CTX = {"payload": {"n": 3, "items": [1, 2], "name": "Ada", "keys": "k"}, "steps": {}}
 
@@ -67,3 +72,139 @@ def test_a_runaway_loop_is_stopped() -> None:
     with pytest.raises(ExpressionError, match="longer than"):
         compile_value(source)(CTX)
     assert time.monotonic() - started < 5
+
+
+# Each would build far more than the 100,000 cap in one library call (before: GBs).
+GROWTH = [
+    "{{ ('a' * 50000) | replace('a', 'bbbbb') }}",
+    "{{ ('a' * 50000).replace('a', 'bbbbb') }}",
+    "{{ 'a'.ljust(1000000000) }}",
+    "{{ 'a'.rjust(1000000000) }}",
+    "{{ 'a'.center(1000000000) }}",
+    "{{ 'a'.zfill(1000000000) }}",
+    "{{ 'a' | center(1000000000) }}",
+    "{{ ('a\\n' * 50000) | indent(100) }}",
+    "{{ ('\\t' * 50000).expandtabs(100) }}",
+    "{{ ('a ' * 50000) | wordwrap(1, wrapstring='x' * 100) }}",
+    "{{ '%1000000000d' % 1 }}",
+    "{{ '%.1000000000f' % 1.0 }}",
+    "{{ '%*d' % (1000000000, 1) }}",
+    "{{ '%s%s' % ('a' * 60000, 'a' * 60000) }}",
+    "{{ '{:>1000000000}'.format(1) }}",
+    "{{ '{:.1000000000f}'.format(1.0) }}",
+    "{{ '{x:>1000000000}'.format_map({'x': 1}) }}",
+    "{{ '%2000000s' | format(1) }}",
+    "{{ range(100000) | join('a' * 1000) }}",
+    "{{ ('a' * 1000).join(range(100000) | map('string')) }}",
+    "{{ [('a' * 100000)] * 100000 }}",
+    "{{ ('a' * 60000) ~ ('a' * 60000) }}",
+    "{{ ('a' * 60000) + ('a' * 60000) }}",
+    "{{ [('a' * 60000)] + [('a' * 60000)] }}",
+    "{% for i in range(100000) %}{{ 'a' * 100 }}{% endfor %}",
+    "{{ [1] | batch(1000000000, 'x') | list }}",
+    "{{ [1] | slice(1000000000) | list }}",
+    "{{ [[1] * 60000, [1] * 60000] | sum(start=[]) }}",
+    "{{ 'a'.translate({97: 'b' * 100}) }}",
+    "{{ (2 ** 4000) * (2 ** 4000) }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] | tojson }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] | string }}",
+    "{% for i in range(200) %}{% set x = 'a' * 99999 %}{% endfor %}",
+    "{{ range(100000) | map('center', 100000) | list | length }}",
+]
+
+
+@pytest.mark.parametrize("source", GROWTH)
+def test_every_growth_path_past_the_cap_is_refused_before_it_runs(source: str) -> None:
+    with pytest.raises(ExpressionError, match="refused by the sandbox"):
+        compile_value(source)(CTX)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{{ 'ab' | replace('a', 'xy') }}", "xyb"),
+        ("{{ 'ab'.replace('a', 'xy') }}", "xyb"),
+        ("{{ 'x'.ljust(3) ~ '|' }}", "x  |"),
+        ("{{ 'x' | center(3) }}", " x "),
+        ("{{ '%05d' % 3 }}", "00003"),
+        ("{{ '%(a)s-%(b)s' % {'a': 1, 'b': 2} }}", "1-2"),
+        ("{{ '{:>4}'.format(1) }}", "   1"),
+        ("{{ '{a}'.format_map({'a': 5}) }}", "5"),
+        ("{{ [1, 2] | join(',') }}", "1,2"),
+        ("{{ ', '.join(['a', 'b']) }}", "a, b"),
+        ("{{ ('a' * 100000) | length }}", 100000),
+        ("{{ ([1] * 100000) | length }}", 100000),
+        ("{{ [[1], [2]] | sum(start=[]) }}", [1, 2]),
+        ("{{ [1, 2, 3] | batch(2, 0) | list }}", [[1, 2], [3, 0]]),
+        ("{{ 'a\nb' | indent(2) }}", "a\n  b"),
+        ("{{ 2 ** 10 * 3 }}", 3072),
+    ],
+)
+def test_growth_within_the_cap_still_works(source: str, expected: object) -> None:
+    assert compile_value(source)(CTX) == expected
+
+
+def test_lipsum_is_gone() -> None:
+    for source in ("{{ lipsum(8000) | length }}", "{{ lipsum }}"):
+        with pytest.raises(ExpressionError, match="'lipsum' is undefined"):
+            compile_value(source)(CTX)
+
+
+@pytest.mark.parametrize(
+    ("value", "inline"),
+    [
+        (
+            {"x": "{{ payload.n + 1 }}", "y": ["{{ steps.a.output.x * 2 }}", "text {{ run.id }}"]},
+            True,
+        ),
+        ("{{ payload.items | map('upper') | list }}", False),
+        ("{% for i in payload.items %}{{ i }}{% endfor %}", False),
+        ("{{ 'x'.ljust(3) }}", False),
+        ({"a": "{{ payload.n }}", "b": "{{ range(3) | list }}"}, False),
+    ],
+)
+def test_only_expressions_bounded_by_construction_run_inline(value: object, inline: bool) -> None:
+    assert compile_value(value).inline is inline
+
+
+def test_the_bound_stops_library_code_too() -> None:
+    # The old tracer only saw template frames: a long library call outlived the bound.
+    def spin() -> None:
+        while True:
+            pass
+
+    started = time.monotonic()
+    with pytest.raises(TooSlow):
+        bounded(spin)
+    assert time.monotonic() - started < MAX_EVAL_SECONDS + 4
+
+
+async def test_slow_expressions_run_off_the_event_loop_and_the_thread_stays_usable() -> None:
+    slow = compile_value(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    )
+    assert not slow.inline
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    probe = compile_value("{{ payload.n | string | list | length }}")
+    probe.inline = False  # force it through the expression thread, to see where it runs
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        for _ in range(2):
+            with pytest.raises(ExpressionError, match="longer than 1 s"):
+                await evaluate(slow, CTX)
+            seen.append(await evaluate(probe, CTX))
+    finally:
+        ticker.cancel()
+    assert seen == [1, 1]  # after a stopped evaluation the next one runs normally
+    assert ticks > 10  # the loop kept running while the expressions did
+    assert threading.get_ident() == loop_thread
