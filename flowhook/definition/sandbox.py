@@ -22,7 +22,7 @@ from jinja2 import StrictUndefined, filters, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
-from jinja2.utils import pass_environment, pass_eval_context
+from jinja2.utils import Namespace, pass_environment, pass_eval_context
 from markupsafe import soft_str
 
 __all__ = ["MAX_BUILT", "MAX_SEQUENCE", "SANDBOX", "start_budget", "weight"]
@@ -71,6 +71,8 @@ def weight(value: Any, limit: int = MAX_SEQUENCE) -> int:
             stack.extend(item)
         elif isinstance(item, int):
             total += item.bit_length() // 3
+        elif isinstance(item, Namespace):
+            stack.append(item._Namespace__attrs)
         if total > limit:
             return total
     return total
@@ -159,8 +161,10 @@ def _join(sep: Any, items: Iterable[Any], what: str) -> tuple[list[Any], int]:
     return parts, size
 
 
-class _Concat(CodeGenerator):
-    """``a ~ b`` goes through the sandbox (Jinja joins the parts in one C call otherwise)."""
+class _Codegen(CodeGenerator):
+    """``a ~ b`` and literal lists, tuples and dicts go through the sandbox: Jinja joins the
+    parts in one C call, and ``[x, x]`` repeated would double a value's printed size each time
+    (printing or comparing it then runs in C for ever)."""
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         self.write("environment.concat_values((")
@@ -169,10 +173,28 @@ class _Concat(CodeGenerator):
             self.write(", ")
         self.write("))")
 
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self.write("environment.literal(")
+        super().visit_List(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self.write("environment.literal(")
+        super().visit_Dict(node, frame)
+        self.write(")")
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        if node.ctx != "load":  # a loop's or an assignment's targets
+            super().visit_Tuple(node, frame)
+            return
+        self.write("environment.literal(")
+        super().visit_Tuple(node, frame)
+        self.write(")")
+
 
 class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "%", "+"})
-    code_generator_class = _Concat
+    code_generator_class = _Codegen
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         # JSON data first: payload.items is the payload's "items", not dict.items.
@@ -239,6 +261,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             return str(_Formatter(self).vformat(owner, args, kwargs))
 
         return wrapper
+
+    @staticmethod
+    def literal(value: Any) -> Any:
+        size = weight(value)
+        if size > MAX_SEQUENCE:
+            _charge(size, "literal")
+        return value
 
     @staticmethod
     def concat_values(values: tuple[Any, ...]) -> str:
@@ -344,3 +373,18 @@ def _bounded_filters() -> dict[str, Callable[..., Any]]:
 SANDBOX = _Sandbox(undefined=StrictUndefined, autoescape=False, finalize=_finalize)
 SANDBOX.globals.pop("lipsum", None)
 SANDBOX.filters.update(_bounded_filters())
+
+
+def _checked(name: str, make: Callable[..., Any]) -> Callable[..., Any]:
+    def build(*args: Any, **kwargs: Any) -> Any:
+        size = weight(args) + weight(kwargs)
+        if size > MAX_SEQUENCE:
+            _charge(size, f"{name}()")
+        return make(*args, **kwargs)
+
+    return build
+
+
+# dict(a=x, b=x) and namespace(a=x, b=x) build like literals do.
+SANDBOX.globals["dict"] = _checked("dict", dict)
+SANDBOX.globals["namespace"] = _checked("namespace", Namespace)

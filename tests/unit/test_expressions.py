@@ -111,6 +111,18 @@ GROWTH = [
     "{% set s = 'a' * 100000 %}{{ [s, s] | string }}",
     "{% for i in range(200) %}{% set x = 'a' * 99999 %}{% endfor %}",
     "{{ range(100000) | map('center', 100000) | list | length }}",
+    # Shared references doubling a value's printed size: printing or comparing would run
+    # in C for ever.
+    "{% set ns = namespace(a=1, b=2) %}{% for i in range(60) %}{% set ns.a = [ns.a, ns.a] %}"
+    "{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = (ns.a, ns.a) %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = {'x': ns.a, 'y': ns.a} %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = dict(x=ns.a, y=ns.a) %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}"
+    "{% set ns.a = namespace(x=ns.a, y=ns.a) %}{% endfor %}{{ ns.a }}",
 ]
 
 
@@ -139,6 +151,10 @@ def test_every_growth_path_past_the_cap_is_refused_before_it_runs(source: str) -
         ("{{ [1, 2, 3] | batch(2, 0) | list }}", [[1, 2], [3, 0]]),
         ("{{ 'a\nb' | indent(2) }}", "a\n  b"),
         ("{{ 2 ** 10 * 3 }}", 3072),
+        ("{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", "37"),
+        ("{% set a, b = 1, 2 %}{{ a ~ b }}", "12"),
+        ("{{ {'a': [1, (2, 3)]} }}", {"a": [1, (2, 3)]}),
+        ("{{ dict(a=1) }}", {"a": 1}),
     ],
 )
 def test_growth_within_the_cap_still_works(source: str, expected: object) -> None:
