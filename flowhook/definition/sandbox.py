@@ -25,7 +25,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace, pass_environment, pass_eval_context
 from markupsafe import soft_str
 
-__all__ = ["MAX_BUILT", "MAX_SEQUENCE", "SANDBOX", "start_budget", "weight"]
+__all__ = [
+    "INLINE_BUILT",
+    "MAX_BUILT",
+    "MAX_SEQUENCE",
+    "SANDBOX",
+    "NotInline",
+    "start_budget",
+    "weight",
+]
 
 MAX_SEQUENCE = 100_000
 """Longest string or list (characters or items) an expression may build."""
@@ -35,27 +43,53 @@ MAX_BUILT = 100 * MAX_SEQUENCE
 
 _MAX_INT_BITS = 4096
 
-_budget = threading.local()
+INLINE_BUILT = 10_000
+"""What an evaluation in place (on the event loop) may build before it is run again off it."""
 
 
-def start_budget() -> None:
-    """Begin an evaluation in this thread: what it may build starts at :data:`MAX_BUILT`."""
-    _budget.left = MAX_BUILT
+class NotInline(BaseException):
+    """An evaluation in place outgrew :data:`INLINE_BUILT`: evaluate it again off the loop
+    (expressions have no side effects). A BaseException, so no ``except Exception`` in
+    template or library code catches it."""
+
+
+class _Budget(threading.local):
+    left = MAX_BUILT
+    inline = False
+
+
+_budget = _Budget()
+
+
+def start_budget(*, inline: bool) -> None:
+    """Begin an evaluation in this thread: in place it may build :data:`INLINE_BUILT`,
+    otherwise :data:`MAX_BUILT`."""
+    _budget.left = INLINE_BUILT if inline else MAX_BUILT
+    _budget.inline = inline
+
+
+def _room() -> int:
+    return min(MAX_SEQUENCE, _budget.left)
 
 
 def _charge(size: int, what: str) -> None:
     if size > MAX_SEQUENCE:
         raise SecurityError(f"{what} would be longer than {MAX_SEQUENCE} characters or items")
-    left = getattr(_budget, "left", MAX_BUILT) - size
+    left = _budget.left - size
     if left < 0:
+        if _budget.inline:
+            raise NotInline
         raise SecurityError(f"the expression built more than {MAX_BUILT} characters or items")
     _budget.left = left
 
 
-def weight(value: Any, limit: int = MAX_SEQUENCE) -> int:
+def weight(value: Any, limit: int | None = None) -> int:
     """The size the cap counts: characters of a string, items of a list or dict plus the
     sizes of what they hold (a shared string counts each time it appears, as it would print
-    or serialise); counting stops past ``limit``."""
+    or serialise); counting stops past ``limit`` (default: what the evaluation may still
+    build), so a walk costs no more than what it guards."""
+    if limit is None:
+        limit = _room()
     total = 0
     stack = [value]
     while stack:
@@ -101,7 +135,7 @@ def _percent_size(fmt: str | bytes, args: Any) -> int:
     if any("*" in (w, p) for w, p, _ in specs):
         raise SecurityError("'*' widths are not allowed in % formatting")
     pads = sum(max(int(w or 0), int(p or 0)) for w, p, _ in specs)
-    return len(text) + pads + weight(args, MAX_SEQUENCE)
+    return len(text) + pads + weight(args)
 
 
 class _Formatter(SandboxedFormatter):
@@ -156,7 +190,7 @@ def _join(sep: Any, items: Iterable[Any], what: str) -> tuple[list[Any], int]:
     for item in items:
         parts.append(item)
         size += weight(item) + step
-        if size > MAX_SEQUENCE:
+        if size > _room():
             _charge(size, what)
     return parts, size
 
@@ -206,7 +240,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if operator_ == "*":
             for seq, times in ((left, right), (right, left)):
                 if _sized(seq) and isinstance(times, int) and times > 1:
-                    _charge(weight(seq, MAX_SEQUENCE // times + 1) * times, "repetition")
+                    _charge(weight(seq, _room() // times + 1) * times, "repetition")
             ints = isinstance(left, int) and isinstance(right, int)
             if ints and left.bit_length() + right.bit_length() > _MAX_INT_BITS:
                 raise SecurityError("product too large")
@@ -264,9 +298,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     @staticmethod
     def literal(value: Any) -> Any:
-        size = weight(value)
-        if size > MAX_SEQUENCE:
-            _charge(size, "literal")
+        _charge(weight(value), "literal")
         return value
 
     @staticmethod
@@ -282,15 +314,16 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         size = 0
         for part in parts:
             size += len(part)
-            if size > MAX_SEQUENCE:
+            if size > _room():
                 _charge(size, "text output")
             collected.append(part)
+        _charge(size, "text output")
         return "".join(collected)
 
 
 def _finalize(value: Any) -> Any:
     # {{ value }} in text prints str(value) in one C call: bound what it would print.
-    if not isinstance(value, str | int | float) and weight(value) > MAX_SEQUENCE:
+    if not isinstance(value, str | int | float):
         _charge(weight(value), "printed value")
     return value
 
@@ -377,9 +410,7 @@ SANDBOX.filters.update(_bounded_filters())
 
 def _checked(name: str, make: Callable[..., Any]) -> Callable[..., Any]:
     def build(*args: Any, **kwargs: Any) -> Any:
-        size = weight(args) + weight(kwargs)
-        if size > MAX_SEQUENCE:
-            _charge(size, f"{name}()")
+        _charge(weight(args) + weight(kwargs), f"{name}()")
         return make(*args, **kwargs)
 
     return build

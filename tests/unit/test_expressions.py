@@ -8,6 +8,7 @@ import pytest
 
 from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded
+from flowhook.definition.sandbox import NotInline
 
 CTX = {"payload": {"n": 3, "items": [1, 2], "name": "Ada", "keys": "k"}, "steps": {}}
 
@@ -180,8 +181,30 @@ def test_lipsum_is_gone() -> None:
         ({"a": "{{ payload.n }}", "b": "{{ range(3) | list }}"}, False),
     ],
 )
-def test_only_expressions_bounded_by_construction_run_inline(value: object, inline: bool) -> None:
+def test_only_small_expressions_of_cheap_parts_run_in_place(value: object, inline: bool) -> None:
     assert compile_value(value).inline is inline
+
+
+def test_a_long_expression_of_cheap_parts_does_not_run_in_place() -> None:
+    assert not compile_value("{{ " + " + ".join(["payload.n"] * 40) + " }}").inline
+
+
+async def test_in_place_only_over_a_small_context_and_small_builds() -> None:
+    in_loop = threading.get_ident()
+    where = compile_value("{{ payload.n }}")
+    assert where.inline
+    big = {"payload": {"n": 1, "pad": "x" * 10_000}}
+    growing = compile_value("{{ ('a' * 20000) | length }}")  # builds more than in place may
+    assert growing.inline
+    for renderer, ctx, expected in ((where, CTX, 3), (where, big, 1), (growing, CTX, 20000)):
+        assert renderer(ctx) == expected
+        assert await evaluate(renderer, ctx) == expected
+    with pytest.raises(NotInline):
+        where.in_place(big)
+    with pytest.raises(NotInline):
+        growing.in_place(CTX)
+    assert where.in_place(CTX) == 3
+    assert threading.get_ident() == in_loop
 
 
 def test_the_bound_stops_library_code_too() -> None:
