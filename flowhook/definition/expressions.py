@@ -24,6 +24,7 @@ from typing import Any
 from jinja2 import TemplateError, Undefined, nodes
 from jinja2.exceptions import SecurityError
 
+from flowhook.definition import deadline
 from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded, in_thread
 from flowhook.definition.sandbox import (
     MAX_BUILT,
@@ -82,7 +83,7 @@ class Renderer:
         try:
             return bounded(self._fn, ctx)
         except TooSlow:
-            raise ExpressionError(f"took longer than {MAX_EVAL_SECONDS:g} s") from None
+            raise ExpressionError(_too_slow()) from None
 
 
 async def evaluate(renderer: Renderer, ctx: dict[str, Any]) -> Any:
@@ -167,6 +168,10 @@ def _inline_size(node: nodes.Node) -> int:
     return size
 
 
+def _too_slow() -> str:
+    return f"took longer than {deadline.MAX_EVAL_SECONDS:g} s"
+
+
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)
 
 
@@ -202,9 +207,7 @@ def _compile_string(source: str) -> tuple[_Fn, int]:
                     value._fail_with_undefined_error()
                 return value
             except TooSlow:
-                raise ExpressionError(
-                    f"{source!r}: took longer than {MAX_EVAL_SECONDS:g} s"
-                ) from None
+                raise ExpressionError(f"{source!r}: {_too_slow()}") from None
             except Exception as exc:
                 raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 
@@ -214,7 +217,7 @@ def _compile_string(source: str) -> tuple[_Fn, int]:
         try:
             return template.render(ctx)
         except TooSlow:
-            raise ExpressionError(f"{source!r}: took longer than {MAX_EVAL_SECONDS:g} s") from None
+            raise ExpressionError(f"{source!r}: {_too_slow()}") from None
         except Exception as exc:
             raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from flowhook.definition import ExpressionError, compile_value, evaluate
+from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
 from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded
 from flowhook.definition.sandbox import NotInline
 
@@ -247,3 +247,46 @@ async def test_slow_expressions_run_off_the_event_loop_and_the_thread_stays_usab
     assert seen == [1, 1]  # after a stopped evaluation the next one runs normally
     assert ticks > 10  # the loop kept running while the expressions did
     assert threading.get_ident() == loop_thread
+
+
+async def test_stopping_at_the_deadline_never_leaks_into_the_next_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bound of 2 ms makes evaluations end right around their deadline, where the
+    # watchdog's exception could otherwise arrive after its evaluation finished.
+    from flowhook.definition import deadline
+
+    monkeypatch.setattr(deadline, "MAX_EVAL_SECONDS", 0.002)
+    monkeypatch.setattr(deadline, "_REPEAT", 0.001)
+    loops = [
+        compile_value(
+            "{% for i in range(" + str(n) + ") %}{% for j in range(100) %}{% endfor %}{% endfor %}x"
+        )
+        for n in (1, 10, 30, 100, 300, 1000)
+    ]
+    probe = compile_value("{{ 'ok' | upper }}")
+    probe.inline = False
+    outcomes: list[str] = []
+
+    async def in_thread(renderer: Renderer) -> str:
+        return str(await evaluate(renderer, CTX))
+
+    async def here(renderer: Renderer) -> str:
+        return str(renderer(CTX))
+
+    for i in range(300):
+        for run, renderer in ((in_thread, loops[i % len(loops)]), (here, loops[i % len(loops)])):
+            try:
+                outcomes.append(await run(renderer))
+            except ExpressionError as exc:
+                outcomes.append(str(exc))
+        try:  # a trivial one may time out too on a busy machine, but nothing else
+            outcomes.append(await in_thread(probe))
+        except ExpressionError as exc:
+            outcomes.append(str(exc))
+    assert all(o in ("x", "OK") or o.endswith("took longer than 0.002 s") for o in outcomes)
+    assert "x" in outcomes and any(o.endswith("0.002 s") for o in outcomes)
+    monkeypatch.undo()  # the normal bound: nothing is left pending in either thread
+    for _ in range(20):
+        assert await evaluate(probe, CTX) == "OK"
+        assert probe(CTX) == "OK"
