@@ -112,6 +112,17 @@ def weight(value: Any, limit: int | None = None) -> int:
     return total
 
 
+def _total_weight(values: Iterable[Any]) -> int:
+    """The weights of ``values`` added up, stopping past what may still be built."""
+    room = _room()
+    total = 0
+    for value in values:
+        total += weight(value, room - total)
+        if total > room:
+            break
+    return total
+
+
 def _sized(value: Any) -> bool:
     return isinstance(value, str | bytes | list | tuple)
 
@@ -303,8 +314,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     @staticmethod
     def concat_values(values: tuple[Any, ...]) -> str:
-        size = sum(weight(v) for v in values)
-        _charge(size, "concatenation")
+        _charge(_total_weight(values), "concatenation")
         return "".join(map(str, values))
 
     @staticmethod
@@ -362,17 +372,20 @@ def _bounded_filters() -> dict[str, Callable[..., Any]]:
         return filters.sync_do_join(ctx, parts, d, attribute)
 
     def batch(value: Iterable[Any], linecount: int, fill_with: Any = None) -> Any:
-        _check_int(linecount, "batch size")
+        # The last batch is filled with up to linecount - 1 references to fill_with.
+        count = _check_int(linecount, "batch size")
+        _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "batch")
         return filters.do_batch(value, linecount, fill_with)
 
     def slice_(value: Collection[Any], slices: int, fill_with: Any = None) -> Any:
-        _check_int(slices, "slice count")
+        count = _check_int(slices, "slice count")
+        _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "slice")
         return filters.sync_do_slice(value, slices, fill_with)
 
     def sum_(env: Any, iterable: Iterable[Any], attribute: Any = None, start: Any = 0) -> Any:
         items = list(iterable)
         if _sized(start) or any(_sized(i) for i in items):
-            _charge(weight(start) + sum(weight(i) for i in items), "sum")
+            _charge(_total_weight([start, *items]), "sum")
         return filters.sync_do_sum(env, items, attribute, start)
 
     def printed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
