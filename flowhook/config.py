@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     """Comma-separated modules whose @flowhook.step functions python steps may call."""
     allow_private_targets: bool = False
     """Let http steps and webhooks reach loopback and private addresses (development, tests)."""
+    max_step_output_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Largest step output (as JSON) stored; a step whose output is larger fails."""
 
     # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
     webhook_retry_schedule: str = "30,120,600,3600"

@@ -39,6 +39,7 @@ class Runtime:
             poll_interval=settings.poll_interval,
             max_claims=settings.max_claims,
             allow_private_targets=settings.allow_private_targets,
+            max_step_output_bytes=settings.max_step_output_bytes,
             plugins=settings.plugin_modules,
         )
         self.dispatcher = Dispatcher(

@@ -1,152 +1,246 @@
-"""Expressions: Jinja2 in an immutable sandbox.
+"""Expressions: Jinja2 in an immutable sandbox (see ``sandbox``), bounded in time (see
+``deadline``).
 
 A string that is one whole ``{{ … }}`` evaluates to the expression's native value (a number
 stays a number); any other string with ``{{`` or ``{%`` renders to text; the rest is kept as
 is. Values nest: dicts and lists are templated item by item. Compiled once per flow version.
+
+Where it runs: an evaluation that is cheap for sure is done in place, with no thread hop and
+no timer; that is one whose expressions are small (:data:`MAX_INLINE_NODES`) and made only of
+lookups, operators, literals, conditions and constant-time filters, over a small context
+(:data:`SMALL_CONTEXT`), building little (``sandbox.INLINE_BUILT``; past it, it is dropped
+and evaluated again off the loop: expressions have no side effects). Its worst case is then
+a few tens of milliseconds, its usual one microseconds. Every other evaluation runs under
+the time bound in the process's expression thread (:func:`evaluate`), so the event loop
+keeps serving while it runs.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 import re
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, Undefined
+from jinja2 import TemplateError, Undefined, nodes
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ExpressionError", "Renderer", "compile_value", "MAX_SEQUENCE"]
+from flowhook.definition import deadline
+from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded, in_thread
+from flowhook.definition.sandbox import (
+    MAX_BUILT,
+    MAX_SEQUENCE,
+    SANDBOX,
+    NotInline,
+    start_budget,
+    weight,
+)
 
-MAX_SEQUENCE = 100_000
-"""Longest string or list an expression may build by repetition."""
-
-_MAX_POWER_BITS = 4096
-
-MAX_EVAL_SECONDS = 1.0
-"""Longest one evaluation may run; a template looping for longer is stopped."""
-
-Renderer = Callable[[dict[str, Any]], Any]
+__all__ = [
+    "MAX_BUILT",
+    "MAX_EVAL_SECONDS",
+    "MAX_SEQUENCE",
+    "ExpressionError",
+    "Renderer",
+    "compile_value",
+    "evaluate",
+]
 
 
 class ExpressionError(Exception):
     """An expression that does not compile, fails, or is refused by the sandbox."""
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        # JSON data first: payload.items is the payload's "items", not dict.items.
-        if isinstance(obj, dict) and attribute in obj:
-            return obj[attribute]
-        return super().getattr(obj, attribute)
-
-    def call_binop(self, context: Any, operator_: str, left: Any, right: Any) -> Any:
-        if operator_ == "*":
-            for seq, times in ((left, right), (right, left)):
-                sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
-                if sized and len(seq) * times > MAX_SEQUENCE:
-                    raise SecurityError(f"result longer than {MAX_SEQUENCE} items")
-            return operator.mul(left, right)
-        if operator_ == "**":
-            ints = isinstance(left, int) and isinstance(right, int)
-            if (
-                ints
-                and abs(left) > 1
-                and right > 0
-                and right * math.log2(abs(left)) > _MAX_POWER_BITS
-            ):
-                raise SecurityError("power too large")
-            return operator.pow(left, right)
-        return super().call_binop(context, operator_, left, right)
+_Fn = Callable[[dict[str, Any]], Any]
 
 
-_env = _Sandbox(undefined=StrictUndefined, autoescape=False)
-_TEMPLATE_FILE = "<template>"  # the file name Jinja gives code compiled from a string
+class Renderer:
+    """A compiled value: call it with the context (in this thread), or ``await
+    evaluate(renderer, ctx)`` (off the event loop when it could run long)."""
+
+    __slots__ = ("_fn", "inline")
+
+    def __init__(self, fn: _Fn, inline: bool) -> None:
+        self._fn = fn
+        self.inline = inline
+        """Bounded by construction: cheap enough to evaluate on the event loop."""
+
+    def __call__(self, ctx: dict[str, Any]) -> Any:
+        try:
+            return self.in_place(ctx)
+        except NotInline:
+            return self.bounded(ctx)
+
+    def in_place(self, ctx: dict[str, Any]) -> Any:
+        """Evaluate here when that is cheap for sure; raises NotInline when it is not."""
+        if not self.inline or weight(ctx, SMALL_CONTEXT) > SMALL_CONTEXT:
+            raise NotInline
+        start_budget(inline=True)
+        return self._fn(ctx)
+
+    def bounded(self, ctx: dict[str, Any]) -> Any:
+        """Evaluate in this thread, stopped after :data:`MAX_EVAL_SECONDS`."""
+        start_budget(inline=False)
+        try:
+            return bounded(self._fn, ctx)
+        except TooSlow:
+            raise ExpressionError(_too_slow()) from None
 
 
-class _TooSlow(Exception):
-    pass
-
-
-def _bounded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn`` with a line tracer on template code that stops it after
-    :data:`MAX_EVAL_SECONDS` (Python gives no other way to bound a loop in the sandbox)."""
-    deadline = time.monotonic() + MAX_EVAL_SECONDS
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
-            raise _TooSlow
-        return local
-
-    def on_call(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code.co_filename == _TEMPLATE_FILE else None
-
-    previous = sys.gettrace()
-    sys.settrace(on_call)
+async def evaluate(renderer: Renderer, ctx: dict[str, Any]) -> Any:
+    """Evaluate ``renderer``: in place when that is cheap for sure, otherwise in the
+    expression thread, the event loop free meanwhile."""
     try:
-        return fn(*args, **kwargs)
-    finally:
-        sys.settrace(previous)
+        return renderer.in_place(ctx)
+    except NotInline:
+        return await in_thread(renderer.bounded, ctx)
+
+
+MAX_INLINE_NODES = 64
+"""Largest expression (syntax nodes, over a whole compiled value) evaluated in place."""
+
+SMALL_CONTEXT = 4096
+"""Largest context (as :func:`sandbox.weight` counts) an evaluation in place may read."""
+
+# What an expression may hold and still be evaluated in place: each costs time at most
+# linear in its (small) inputs, with no Python-level loop over them.
+_INLINE_NODES = (
+    nodes.Template,
+    nodes.Output,
+    nodes.TemplateData,
+    nodes.Const,
+    nodes.Name,
+    nodes.Getattr,
+    nodes.Getitem,
+    nodes.Slice,
+    nodes.BinExpr,
+    nodes.UnaryExpr,
+    nodes.Compare,
+    nodes.Operand,
+    nodes.CondExpr,
+    nodes.List,
+    nodes.Tuple,
+    nodes.Dict,
+    nodes.Pair,
+    nodes.Keyword,
+    nodes.Concat,
+    nodes.If,
+    nodes.Test,
+)
+_INLINE_FILTERS = frozenset(
+    [
+        "abs",
+        "bool",
+        "capitalize",
+        "count",
+        "d",
+        "default",
+        "e",
+        "escape",
+        "first",
+        "float",
+        "int",
+        "last",
+        "length",
+        "lower",
+        "round",
+        "string",
+        "title",
+        "trim",
+        "upper",
+    ]
+)
+_NOT_INLINE = MAX_INLINE_NODES + 1
+
+
+def _inline_size(node: nodes.Node) -> int:
+    """The nodes of ``node``, or more than :data:`MAX_INLINE_NODES` when it may not run in
+    place."""
+    if isinstance(node, nodes.Filter):
+        if node.name not in _INLINE_FILTERS:
+            return _NOT_INLINE
+    elif not isinstance(node, _INLINE_NODES):
+        return _NOT_INLINE
+    size = 1
+    for child in node.iter_child_nodes():
+        size += _inline_size(child)
+        if size > MAX_INLINE_NODES:
+            return _NOT_INLINE
+    return size
+
+
+def _too_slow() -> str:
+    return f"took longer than {deadline.MAX_EVAL_SECONDS:g} s"
 
 
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)
 
 
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, _TooSlow):
-        return f"took longer than {MAX_EVAL_SECONDS:g} s"
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, SecurityError):
         return f"refused by the sandbox: {exc}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
     return str(exc) or type(exc).__name__
 
 
-def _compile_string(source: str) -> Renderer:
+def _compile_string(source: str) -> tuple[_Fn, int]:
     whole = _WHOLE.match(source)
-    if whole and "{{" not in whole["expr"] and "}}" not in whole["expr"]:
-        try:
-            expr = _env.compile_expression(whole["expr"], undefined_to_none=False)
-        except TemplateError as exc:
-            raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+    is_whole = bool(whole and "{{" not in whole["expr"] and "}}" not in whole["expr"])
+    if not is_whole and "{{" not in source and "{%" not in source:
+        return (lambda _ctx: source), 0
+    try:
+        size = _inline_size(SANDBOX.parse(source))
+        if is_whole:
+            assert whole is not None
+            expr = SANDBOX.compile_expression(whole["expr"], undefined_to_none=False)
+        else:
+            template = SANDBOX.from_string(source)
+    except TemplateError as exc:
+        raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+
+    if is_whole:
 
         def native(ctx: dict[str, Any]) -> Any:
             try:
-                value = _bounded(expr, **ctx)
+                value = expr(**ctx)
                 if isinstance(value, Undefined):
                     value._fail_with_undefined_error()
                 return value
+            except TooSlow:
+                raise ExpressionError(f"{source!r}: {_too_slow()}") from None
             except Exception as exc:
                 raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 
-        return native
-    if "{{" in source or "{%" in source:
+        return native, size
+
+    def text(ctx: dict[str, Any]) -> Any:
         try:
-            template = _env.from_string(source)
-        except TemplateError as exc:
+            return template.render(ctx)
+        except TooSlow:
+            raise ExpressionError(f"{source!r}: {_too_slow()}") from None
+        except Exception as exc:
             raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 
-        def text(ctx: dict[str, Any]) -> Any:
-            try:
-                return _bounded(template.render, ctx)
-            except Exception as exc:
-                raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+    return text, size
 
-        return text
-    return lambda _ctx: source
+
+def _compile(value: Any) -> tuple[_Fn, int]:
+    """The evaluating function and the size that decides whether it may run in place."""
+    if isinstance(value, str):
+        return _compile_string(value)
+    if isinstance(value, dict):
+        parts = {k: _compile(v) for k, v in value.items()}
+        fns = {k: fn for k, (fn, _) in parts.items()}
+        size = sum(n for _, n in parts.values())
+        return (lambda ctx: {k: fn(ctx) for k, fn in fns.items()}), size
+    if isinstance(value, list):
+        items = [_compile(v) for v in value]
+        seq = [fn for fn, _ in items]
+        return (lambda ctx: [fn(ctx) for fn in seq]), sum(n for _, n in items)
+    return (lambda _ctx: value), 0
 
 
 def compile_value(value: Any) -> Renderer:
     """Compile a JSON value whose strings may hold expressions; raises ExpressionError."""
-    if isinstance(value, str):
-        return _compile_string(value)
-    if isinstance(value, dict):
-        parts = {k: compile_value(v) for k, v in value.items()}
-        return lambda ctx: {k: r(ctx) for k, r in parts.items()}
-    if isinstance(value, list):
-        items = [compile_value(v) for v in value]
-        return lambda ctx: [r(ctx) for r in items]
-    return lambda _ctx: value
+    fn, size = _compile(value)
+    return Renderer(fn, inline=size <= MAX_INLINE_NODES)

@@ -25,7 +25,8 @@ import aiohttp
 import orjson
 
 from flowhook.clock import Clock
-from flowhook.definition import ExpressionError, Renderer, compile_value
+from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
+from flowhook.definition.sandbox import weight
 from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
@@ -35,10 +36,11 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 
-__all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT"]
+__all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 log = logging.getLogger("flowhook.engine")
 DEFAULT_RUN_TIMEOUT = 3600.0
+DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 FLOW_CAP_RETRY = timedelta(milliseconds=200)
 """How soon a run held back by its flow's ``concurrency`` is tried again."""
 
@@ -89,6 +91,7 @@ class Executor:
         allow_private_targets: bool = False,
         max_claims: int = 5,
         cache_size: int = 1024,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         apply: Callable[[runs_store.Progress], Awaitable[bool]] | None = None,
     ) -> None:
         self._apply = apply or self._apply_alone
@@ -98,6 +101,7 @@ class Executor:
         self._http = http
         self._allow_private = allow_private_targets
         self._max_claims = max_claims
+        self._max_output = max_output_bytes
         self._flows: OrderedDict[tuple[str, int], CompiledFlow] = OrderedDict()
         self._cache_size = cache_size
         self.in_step: set[str] = set()
@@ -279,9 +283,15 @@ class Executor:
                     },
                     action="fail",
                 )
+            except Exception as exc:  # noqa: BLE001 - a step that raises fails that step only
+                log.warning("run %s: step %s raised %s", run.run_id, step.id, type(exc).__name__)
+                outcome = Outcome(
+                    error={"type": "internal", "message": f"{type(exc).__name__}: {exc}"},
+                    action="fail",
+                )
             finally:
                 self.in_step.discard(run.run_id)
-            _check_json(outcome)
+            _check_output(outcome, self._max_output)
             finished = self._clock.now()
 
             if outcome.action == "wait" and outcome.wait_until is not None:
@@ -350,10 +360,12 @@ class Executor:
         output = None
         if compiled.output is not None:
             try:
-                output = compiled.output(ctx)
-                orjson.dumps(output)
-            except (ExpressionError, TypeError) as exc:
-                failure = {"type": "expression", "message": f"flow output: {exc}", "step": None}
+                output = await evaluate(compiled.output, ctx)
+                problem = _output_problem(output, self._max_output)
+            except ExpressionError as exc:
+                problem = str(exc)
+            if problem is not None:
+                failure = {"type": "expression", "message": f"flow output: {problem}", "step": None}
                 return await self._finish(
                     run, pending, RunStatus.FAILED, next_step=idx, error=failure
                 )
@@ -492,11 +504,25 @@ class Executor:
         return RunStatus.CANCELLED
 
 
-def _check_json(outcome: Outcome) -> None:
-    """A step output must be JSON; one that is not fails the step instead of the worker."""
+def _output_problem(output: Any, limit: int) -> str | None:
+    """Why ``output`` may not be stored (not JSON, or more than ``limit`` bytes as JSON), or
+    ``None``. Its size is estimated first, so a huge value is never serialised."""
+    if weight(output, limit) > limit:
+        return f"output is larger than {limit} bytes (FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
     try:
-        orjson.dumps(outcome.output)
+        size = len(orjson.dumps(output))
     except TypeError as exc:
+        return f"output is not JSON: {exc}"
+    if size > limit:
+        return f"output is {size} bytes, more than {limit} (FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
+    return None
+
+
+def _check_output(outcome: Outcome, limit: int) -> None:
+    """A step output must be JSON and at most ``limit`` bytes; one that is not fails the step
+    (instead of the worker) and is not stored."""
+    problem = _output_problem(outcome.output, limit)
+    if problem is not None:
         outcome.output = None
-        outcome.error = {"type": "output", "message": f"output is not JSON: {exc}"}
+        outcome.error = {"type": "output", "message": problem}
         outcome.action = "fail"

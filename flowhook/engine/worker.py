@@ -21,7 +21,7 @@ import aiohttp
 
 from flowhook import logs
 from flowhook.clock import Clock
-from flowhook.engine.executor import Executor
+from flowhook.engine.executor import DEFAULT_MAX_OUTPUT_BYTES, Executor
 from flowhook.errors import StoreUnavailable
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
@@ -60,6 +60,7 @@ class Worker:
         poll_interval: float = 5.0,
         max_claims: int = 5,
         allow_private_targets: bool = False,
+        max_step_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         plugins: list[str] | None = None,
         owner: str | None = None,
     ) -> None:
@@ -72,13 +73,19 @@ class Worker:
         self.owner = owner or new_owner_id()
         self._max_claims = max_claims
         self._allow_private = allow_private_targets
+        self._max_output = max_step_output_bytes
         load_plugins(plugins or [])
         self.http: aiohttp.ClientSession | None = None
         self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(
             self._commit_progress, max_batch=PROGRESS_BATCH
         )
         self.executor = Executor(
-            db, clock, self.owner, max_claims=max_claims, apply=self._writes.submit
+            db,
+            clock,
+            self.owner,
+            max_claims=max_claims,
+            max_output_bytes=max_step_output_bytes,
+            apply=self._writes.submit,
         )
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._last_limit = 0
@@ -98,6 +105,7 @@ class Worker:
                 http=self.http,
                 allow_private_targets=self._allow_private,
                 max_claims=self._max_claims,
+                max_output_bytes=self._max_output,
                 apply=self._writes.submit,
             )
 

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
+from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded
+from flowhook.definition.sandbox import NotInline
 
 CTX = {"payload": {"n": 3, "items": [1, 2], "name": "Ada", "keys": "k"}, "steps": {}}
 
@@ -67,3 +73,223 @@ def test_a_runaway_loop_is_stopped() -> None:
     with pytest.raises(ExpressionError, match="longer than"):
         compile_value(source)(CTX)
     assert time.monotonic() - started < 5
+
+
+# Each would build far more than the 100,000 cap in one library call (before: GBs).
+GROWTH = [
+    "{{ ('a' * 50000) | replace('a', 'bbbbb') }}",
+    "{{ ('a' * 50000).replace('a', 'bbbbb') }}",
+    "{{ 'a'.ljust(1000000000) }}",
+    "{{ 'a'.rjust(1000000000) }}",
+    "{{ 'a'.center(1000000000) }}",
+    "{{ 'a'.zfill(1000000000) }}",
+    "{{ 'a' | center(1000000000) }}",
+    "{{ ('a\\n' * 50000) | indent(100) }}",
+    "{{ ('\\t' * 50000).expandtabs(100) }}",
+    "{{ ('a ' * 50000) | wordwrap(1, wrapstring='x' * 100) }}",
+    "{{ '%1000000000d' % 1 }}",
+    "{{ '%.1000000000f' % 1.0 }}",
+    "{{ '%*d' % (1000000000, 1) }}",
+    "{{ '%s%s' % ('a' * 60000, 'a' * 60000) }}",
+    "{{ '{:>1000000000}'.format(1) }}",
+    "{{ '{:.1000000000f}'.format(1.0) }}",
+    "{{ '{x:>1000000000}'.format_map({'x': 1}) }}",
+    "{{ '%2000000s' | format(1) }}",
+    "{{ range(100000) | join('a' * 1000) }}",
+    "{{ ('a' * 1000).join(range(100000) | map('string')) }}",
+    "{{ [('a' * 100000)] * 100000 }}",
+    "{{ ('a' * 60000) ~ ('a' * 60000) }}",
+    "{{ ('a' * 60000) + ('a' * 60000) }}",
+    "{{ [('a' * 60000)] + [('a' * 60000)] }}",
+    "{% for i in range(100000) %}{{ 'a' * 100 }}{% endfor %}",
+    "{{ [1] | batch(1000000000, 'x') | list }}",
+    "{{ [1] | slice(1000000000) | list }}",
+    "{{ [1] | batch(100000, 'x' * 100) | list }}",
+    "{{ [1] | slice(100000, 'x' * 100) | list }}",
+    "{{ ([('a' * 1000)] * 200) | sum(start='') }}",
+    "{{ [[1] * 60000, [1] * 60000] | sum(start=[]) }}",
+    "{{ 'a'.translate({97: 'b' * 100}) }}",
+    "{{ (2 ** 4000) * (2 ** 4000) }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] | tojson }}",
+    "{% set s = 'a' * 100000 %}{{ [s, s] | string }}",
+    "{% for i in range(200) %}{% set x = 'a' * 99999 %}{% endfor %}",
+    "{{ range(100000) | map('center', 100000) | list | length }}",
+    # Shared references doubling a value's printed size: printing or comparing would run
+    # in C for ever.
+    "{% set ns = namespace(a=1, b=2) %}{% for i in range(60) %}{% set ns.a = [ns.a, ns.a] %}"
+    "{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = (ns.a, ns.a) %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = {'x': ns.a, 'y': ns.a} %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}{% set ns.a = dict(x=ns.a, y=ns.a) %}"
+    "{% endfor %}{{ ns.a }}",
+    "{% set ns = namespace(a=1) %}{% for i in range(60) %}"
+    "{% set ns.a = namespace(x=ns.a, y=ns.a) %}{% endfor %}{{ ns.a }}",
+]
+
+
+@pytest.mark.parametrize("source", GROWTH)
+def test_every_growth_path_past_the_cap_is_refused_before_it_runs(source: str) -> None:
+    with pytest.raises(ExpressionError, match="refused by the sandbox"):
+        compile_value(source)(CTX)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("{{ 'ab' | replace('a', 'xy') }}", "xyb"),
+        ("{{ 'ab'.replace('a', 'xy') }}", "xyb"),
+        ("{{ 'x'.ljust(3) ~ '|' }}", "x  |"),
+        ("{{ 'x' | center(3) }}", " x "),
+        ("{{ '%05d' % 3 }}", "00003"),
+        ("{{ '%(a)s-%(b)s' % {'a': 1, 'b': 2} }}", "1-2"),
+        ("{{ '{:>4}'.format(1) }}", "   1"),
+        ("{{ '{a}'.format_map({'a': 5}) }}", "5"),
+        ("{{ [1, 2] | join(',') }}", "1,2"),
+        ("{{ ', '.join(['a', 'b']) }}", "a, b"),
+        ("{{ ('a' * 100000) | length }}", 100000),
+        ("{{ ([1] * 100000) | length }}", 100000),
+        ("{{ [[1], [2]] | sum(start=[]) }}", [1, 2]),
+        ("{{ [1, 2, 3] | batch(2, 0) | list }}", [[1, 2], [3, 0]]),
+        ("{{ 'a\nb' | indent(2) }}", "a\n  b"),
+        ("{{ 2 ** 10 * 3 }}", 3072),
+        ("{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", "37"),
+        ("{% set a, b = 1, 2 %}{{ a ~ b }}", "12"),
+        ("{{ {'a': [1, (2, 3)]} }}", {"a": [1, (2, 3)]}),
+        ("{{ dict(a=1) }}", {"a": 1}),
+    ],
+)
+def test_growth_within_the_cap_still_works(source: str, expected: object) -> None:
+    assert compile_value(source)(CTX) == expected
+
+
+def test_lipsum_is_gone() -> None:
+    for source in ("{{ lipsum(8000) | length }}", "{{ lipsum }}"):
+        with pytest.raises(ExpressionError, match="'lipsum' is undefined"):
+            compile_value(source)(CTX)
+
+
+@pytest.mark.parametrize(
+    ("value", "inline"),
+    [
+        (
+            {"x": "{{ payload.n + 1 }}", "y": ["{{ steps.a.output.x * 2 }}", "text {{ run.id }}"]},
+            True,
+        ),
+        ("{{ payload.items | map('upper') | list }}", False),
+        ("{% for i in payload.items %}{{ i }}{% endfor %}", False),
+        ("{{ 'x'.ljust(3) }}", False),
+        ({"a": "{{ payload.n }}", "b": "{{ range(3) | list }}"}, False),
+    ],
+)
+def test_only_small_expressions_of_cheap_parts_run_in_place(value: object, inline: bool) -> None:
+    assert compile_value(value).inline is inline
+
+
+def test_a_long_expression_of_cheap_parts_does_not_run_in_place() -> None:
+    assert not compile_value("{{ " + " + ".join(["payload.n"] * 40) + " }}").inline
+
+
+async def test_in_place_only_over_a_small_context_and_small_builds() -> None:
+    in_loop = threading.get_ident()
+    where = compile_value("{{ payload.n }}")
+    assert where.inline
+    big = {"payload": {"n": 1, "pad": "x" * 10_000}}
+    growing = compile_value("{{ ('a' * 20000) | length }}")  # builds more than in place may
+    assert growing.inline
+    for renderer, ctx, expected in ((where, CTX, 3), (where, big, 1), (growing, CTX, 20000)):
+        assert renderer(ctx) == expected
+        assert await evaluate(renderer, ctx) == expected
+    with pytest.raises(NotInline):
+        where.in_place(big)
+    with pytest.raises(NotInline):
+        growing.in_place(CTX)
+    assert where.in_place(CTX) == 3
+    assert threading.get_ident() == in_loop
+
+
+def test_the_bound_stops_library_code_too() -> None:
+    # The old tracer only saw template frames: a long library call outlived the bound.
+    def spin() -> None:
+        while True:
+            pass
+
+    started = time.monotonic()
+    with pytest.raises(TooSlow):
+        bounded(spin)
+    assert time.monotonic() - started < MAX_EVAL_SECONDS + 4
+
+
+async def test_slow_expressions_run_off_the_event_loop_and_the_thread_stays_usable() -> None:
+    slow = compile_value(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    )
+    assert not slow.inline
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    probe = compile_value("{{ payload.n | string | list | length }}")
+    probe.inline = False  # force it through the expression thread, to see where it runs
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        for _ in range(2):
+            with pytest.raises(ExpressionError, match="longer than 1 s"):
+                await evaluate(slow, CTX)
+            seen.append(await evaluate(probe, CTX))
+    finally:
+        ticker.cancel()
+    assert seen == [1, 1]  # after a stopped evaluation the next one runs normally
+    assert ticks > 10  # the loop kept running while the expressions did
+    assert threading.get_ident() == loop_thread
+
+
+async def test_stopping_at_the_deadline_never_leaks_into_the_next_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bound of 2 ms makes evaluations end right around their deadline, where the
+    # watchdog's exception could otherwise arrive after its evaluation finished.
+    from flowhook.definition import deadline
+
+    monkeypatch.setattr(deadline, "MAX_EVAL_SECONDS", 0.002)
+    monkeypatch.setattr(deadline, "_REPEAT", 0.001)
+    loops = [
+        compile_value(
+            "{% for i in range(" + str(n) + ") %}{% for j in range(100) %}{% endfor %}{% endfor %}x"
+        )
+        for n in (1, 10, 30, 100, 300, 1000)
+    ]
+    probe = compile_value("{{ 'ok' | upper }}")
+    probe.inline = False
+    outcomes: list[str] = []
+
+    async def in_thread(renderer: Renderer) -> str:
+        return str(await evaluate(renderer, CTX))
+
+    async def here(renderer: Renderer) -> str:
+        return str(renderer(CTX))
+
+    for i in range(300):
+        for run, renderer in ((in_thread, loops[i % len(loops)]), (here, loops[i % len(loops)])):
+            try:
+                outcomes.append(await run(renderer))
+            except ExpressionError as exc:
+                outcomes.append(str(exc))
+        try:  # a trivial one may time out too on a busy machine, but nothing else
+            outcomes.append(await in_thread(probe))
+        except ExpressionError as exc:
+            outcomes.append(str(exc))
+    assert all(o in ("x", "OK") or o.endswith("took longer than 0.002 s") for o in outcomes)
+    assert "x" in outcomes and any(o.endswith("0.002 s") for o in outcomes)
+    monkeypatch.undo()  # the normal bound: nothing is left pending in either thread
+    for _ in range(20):
+        assert await evaluate(probe, CTX) == "OK"
+        assert probe(CTX) == "OK"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowhook.definition import ACTIONS, ExpressionError, compile_value
+from flowhook.definition import ACTIONS, ExpressionError, compile_value, evaluate
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["ConditionStep"]
@@ -28,7 +28,7 @@ class ConditionStep:
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
-            result = bool(self._if(ctx))
+            result = bool(await evaluate(self._if, ctx))
         except ExpressionError as exc:
             return error("expression", str(exc))
         branch = self._then if result else self._else

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flowhook.clock import isoformat
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["DelayStep"]
@@ -28,12 +28,14 @@ class DelayStep:
         now = env.clock.now()
         try:
             if self._until is not None:
-                text = str(self._until(ctx))
+                text = str(await evaluate(self._until, ctx))
                 due = datetime.fromisoformat(text.replace("Z", "+00:00"))
                 if due.tzinfo is None:
                     due = due.replace(tzinfo=UTC)
             else:
-                seconds = float(self._seconds(ctx)) if self._seconds is not None else 0.0
+                seconds = (
+                    float(await evaluate(self._seconds, ctx)) if self._seconds is not None else 0.0
+                )
                 if seconds < 0:
                     return error("delay", f"seconds must not be negative, not {seconds}")
                 due = now + timedelta(seconds=seconds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["FailStep"]
@@ -22,7 +22,7 @@ class FailStep:
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
-            message = str(self._message(ctx))
+            message = str(await evaluate(self._message, ctx))
         except ExpressionError as exc:
             message = str(exc)
         return error("fail", message)

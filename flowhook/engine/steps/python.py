@@ -8,7 +8,7 @@ import asyncio
 import inspect
 from typing import Any
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 from flowhook.plugins import StepContext, registered
 
@@ -35,7 +35,7 @@ class PythonStep:
                 f"@flowhook.step({self._name!r}) in a module named in FLOWHOOK_PLUGINS",
             )
         try:
-            value = self._input(ctx)
+            value = await evaluate(self._input, ctx)
         except ExpressionError as exc:
             return error("expression", str(exc))
         step_ctx = StepContext(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 
 __all__ = ["TransformStep"]
@@ -22,6 +22,6 @@ class TransformStep:
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
-            return Outcome(output=self._output(ctx))
+            return Outcome(output=await evaluate(self._output, ctx))
         except ExpressionError as exc:
             return error("expression", str(exc))
