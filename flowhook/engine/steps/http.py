@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from flowhook.definition import ExpressionError, compile_value
+from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.definition.requests import request_problem
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
 from flowhook.targets import TargetRefused, check_url
@@ -38,7 +38,7 @@ class HttpStep:
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
-            request = self._request(ctx)
+            request = await evaluate(self._request, ctx)
         except ExpressionError as exc:
             return error("expression", str(exc))
         method = str(request.get("method", "GET")).upper()
