@@ -8,14 +8,22 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import RunStatus
-from flowhook.store.tables import deliveries, delivery_attempts, events, run_steps, runs
+from flowhook.store.tables import (
+    deliveries,
+    delivery_attempts,
+    events,
+    inbound_dedup,
+    run_steps,
+    runs,
+)
 
 __all__ = ["prune_batch"]
 
 
 async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> int:
     """Delete up to ``limit`` runs that ended before ``before``, with their steps, events,
-    deliveries and attempts; returns how many runs went."""
+    deliveries and attempts, and the inbound hook dedup records that point at them; returns
+    how many runs went."""
     ids = list(
         (
             await conn.execute(
@@ -37,5 +45,6 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     await conn.execute(delete(deliveries).where(deliveries.c.run_id.in_(ids)))
     await conn.execute(delete(events).where(events.c.run_id.in_(ids)))
     await conn.execute(delete(run_steps).where(run_steps.c.run_id.in_(ids)))
+    await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))
     await conn.execute(delete(runs).where(runs.c.run_id.in_(ids)))
     return len(ids)

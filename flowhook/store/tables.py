@@ -280,6 +280,7 @@ inbound_dedup = Table(
     Column("delivery_key", String(200), primary_key=True),
     Column("run_id", String(40), nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
+    Index(None, "run_id"),  # pruned with their runs
 )
 
 schedules = Table(

@@ -11,6 +11,7 @@ from flowhook.clock import FakeClock
 from flowhook.config import Settings
 from flowhook.engine.worker import Worker
 from flowhook.service import Services
+from flowhook.store import hooks as hooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode
 
@@ -63,7 +64,13 @@ async def test_retention_prunes_old_finished_runs_with_their_history(
     new = (await services.runs.start(who, flow_id=flow.flow_id, payload={})).run.run_id
     await worker.run_once()
     await worker.drain()
+    async with db.transaction() as conn:  # as an inbound hook's dedup records them
+        await hooks_store.remember_delivery(conn, "hk_x", "msg_old", old, clock.now())
+        await hooks_store.remember_delivery(conn, "hk_x", "msg_new", new, clock.now())
     assert await services.retention.prune() == 1
+    async with db.read() as conn:
+        assert await hooks_store.seen_delivery(conn, "hk_x", "msg_old") is None
+        assert await hooks_store.seen_delivery(conn, "hk_x", "msg_new") == new
     remaining = [r.run_id for r in (await services.runs.list(who, limit=10, cursor=None)).data]
     assert remaining == [new]
     page = await services.webhooks.list_events(who, limit=100, cursor=None)
