@@ -4,6 +4,7 @@ another tenant's requests keep answering, and one past the time bound fails its 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import FLOWHOOK, serve
+from tests.support import FLOWHOOK, secret_key_env, serve
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +27,7 @@ def make_key(database_url: str, workspace: str) -> dict[str, str]:
     out = subprocess.run(
         [FLOWHOOK, "keys", "create", "--mode", "test", "--workspace", workspace, "--json", "--database-url", database_url],
         capture_output=True, text=True, check=True,
+        env={**os.environ, **secret_key_env(database_url)},
     )  # fmt: skip
     return {"Authorization": f"Bearer {json.loads(out.stdout)['key']}"}
 
