@@ -7,7 +7,9 @@ its answer only after its rows are committed.
 
 One caller's bad item must not fail the others it shared a transaction with: when a batch's
 commit raises and ``isolate`` says the error may be one item's fault, each item is committed
-again on its own, so only the item that fails again gets the error.
+again on its own, so only the item that fails again gets the error. Off by default: redoing
+items is right only where a commit that failed is known to have written nothing and an item
+may be applied alone (accepting runs), not where an unknown outcome could apply work twice.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class GroupCommit(Generic[T, R]):
         commit: Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]],
         *,
         max_batch: int = 256,
-        isolate: Callable[[BaseException], bool] = lambda exc: isinstance(exc, Exception),
+        isolate: Callable[[BaseException], bool] = lambda exc: False,
     ) -> None:
         self._commit = commit
         self._max = max_batch

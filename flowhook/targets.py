@@ -78,7 +78,7 @@ def _unwrap(ip: IPAddress) -> IPAddress:
             return ip.ipv4_mapped
         if ip.sixtofour is not None:
             return ip.sixtofour
-        if ip in _NAT64 or ip in _NAT64_LOCAL:
+        if ip in _NAT64:
             return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if ip.teredo is not None:
             return ip.teredo[1]
@@ -87,6 +87,8 @@ def _unwrap(ip: IPAddress) -> IPAddress:
 
 def is_blocked_address(ip: IPAddress) -> bool:
     """Whether ``ip`` (after unwrapping) is anything but a global unicast address."""
+    if ip.version == 6 and ip in _NAT64_LOCAL:
+        return True  # local-use NAT64 (RFC 8215): where the IPv4 sits depends on the prefix
     real = _unwrap(ip)
     if real.is_multicast or real.is_unspecified or real.is_loopback or real.is_link_local:
         return True

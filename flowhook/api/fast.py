@@ -91,6 +91,7 @@ async def handle_execute(
             payload=payload,
             trigger=trigger,
             idempotency_key=headers.get("idempotency-key"),
+            parsed_by_orjson=True,
         )
     except FlowhookError as exc:
         await domain_error_response(exc)(scope, receive, send)

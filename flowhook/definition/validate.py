@@ -109,6 +109,14 @@ def _check_expressions(value: Any, field: str, label: str) -> None:
         raise InvalidDefinition(
             f"{label}: {field} has an invalid expression: {exc}", field=field
         ) from exc
+    except (RecursionError, MemoryError):  # the compiler's own limits, on absurd nesting
+        raise InvalidDefinition(
+            f"{label}: {field} has an expression nested too deeply to compile", field=field
+        ) from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise InvalidDefinition(
+            f"{label}: {field} has an invalid expression: {exc}", field=field
+        ) from None
 
 
 def _check_request(

@@ -171,18 +171,16 @@ class KeyService:
 class RevocationWatch:
     """Makes a key revoked in another process stop working here within ``interval``.
 
-    SQLite: every ``interval`` one small query reads the revocation marker and the cache is
-    forgotten when it moved. PostgreSQL: LISTEN on the keys channel forgets at once; the
-    marker is still read every ``fallback`` seconds in case the listening connection was
-    down when a revocation was announced.
+    Every ``interval`` one small query reads the revocation marker and the cache is
+    forgotten when it moved. On PostgreSQL a LISTEN on the keys channel also forgets at once
+    when a revocation is announced; the marker read still bounds the delay when the
+    listening connection was down (or silently half-open) at that moment.
     """
 
-    def __init__(
-        self, db: Database, keys: KeyService, *, interval: float = 0.5, fallback: float = 5.0
-    ) -> None:
+    def __init__(self, db: Database, keys: KeyService, *, interval: float = 0.5) -> None:
         self._db = db
         self._keys = keys
-        self._every = interval if db.is_sqlite else fallback
+        self._every = interval
         self._wakeup = Wakeup()
         self._listener: PgListener | None = None
         self._task: asyncio.Task[None] | None = None

@@ -282,11 +282,13 @@ def _check_verify(verify: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _delivery_id(hook: Hook, headers: Mapping[str, str]) -> str | None:
-    """The provider's id of this delivery, by which a copy of it is recognised."""
-    if hook.dedup_header:
-        key = headers.get(hook.dedup_header.lower())
-    elif hook.verify and hook.verify["type"] == "standard":
+    """The provider's id of this delivery, by which a copy of it is recognised. On a
+    Standard Webhooks hook it is always the signed ``webhook-id`` (an unsigned header could
+    be changed by whoever replays a captured request)."""
+    if hook.verify and hook.verify["type"] == "standard":
         key = headers.get("webhook-id")  # signed, and checked by _verify
+    elif hook.dedup_header:
+        key = headers.get(hook.dedup_header.lower())
     else:
         key = None
     return key[:200] if key else None

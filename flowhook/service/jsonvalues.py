@@ -23,15 +23,20 @@ _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 """``\\u0000`` as orjson writes a NUL character (an even run of backslashes before it is text)."""
 
 
-def encode_json(value: Any, field: str) -> orjson.Fragment:
-    """``value`` as JSON, ready for the store (a JSON column writes the fragment as it is)."""
+def encode_json(value: Any, field: str, *, finite: bool = False) -> orjson.Fragment:
+    """``value`` as JSON, ready for the store (a JSON column writes the fragment as it is).
+
+    ``finite``: the value came from orjson's parser, which refuses NaN and Infinity, so the
+    walk that looks for them is skipped (it would run on every payload holding a null)."""
     try:
         encoded = orjson.dumps(value)
     except TypeError as exc:
         raise InvalidInput(f"{field} {_why(str(exc))}", field=field) from None
     if encoded.find(b"\\u0000") >= 0 and _NUL.search(encoded):
         raise InvalidInput(f"{field} must not contain the NUL character (\\u0000)", field=field)
-    if encoded.find(b"null") >= 0 and _has_non_finite(value):  # orjson writes NaN, Inf as null
+    if (
+        not finite and encoded.find(b"null") >= 0 and _has_non_finite(value)
+    ):  # orjson writes NaN, Inf as null
         raise InvalidInput(f"{field} must not contain NaN or Infinity", field=field)
     return orjson.Fragment(encoded)
 

@@ -95,9 +95,11 @@ class RunService:
         payload: dict[str, Any],
         trigger: str = "api",
         idempotency_key: str | None = None,
+        parsed_by_orjson: bool = False,
     ) -> Started:
         """Queue a run: the run row (its own queue entry) is committed before this returns.
-        Concurrent calls share a transaction (group commit)."""
+        Concurrent calls share a transaction (group commit). ``parsed_by_orjson``: the
+        payload holds no NaN or Infinity (orjson's parser refuses them)."""
         if trigger not in TRIGGERS:
             allowed = ", ".join(repr(t) for t in TRIGGERS)
             raise InvalidInput(
@@ -110,7 +112,7 @@ class RunService:
                 f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
                 field="Idempotency-Key",
             )
-        encoded = encode_json(payload, "payload")
+        encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         return await self._group.submit(
             _StartRequest(who, flow_id, payload, encoded, trigger, idempotency_key, digest)

@@ -150,6 +150,7 @@ def _load_or_create(path: Path) -> list[str]:
             except FileExistsError:
                 pass  # another process made it first: use theirs
             else:
+                _fsync_dir(path.parent)  # the link must outlive a power loss, like the rows
                 log.warning(
                     "made a secret key file %s (mode 0600) to encrypt webhook secrets; "
                     "back it up with the database, or set %s",
@@ -160,6 +161,14 @@ def _load_or_create(path: Path) -> list[str]:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
     return parse_keys(path.read_text(encoding="ascii"), f"the key file {path}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Keyring:

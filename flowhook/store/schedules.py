@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import Mode
-from flowhook.store.tables import schedules
+from flowhook.store.tables import schedules, workspaces
 
 __all__ = [
     "Schedule",
@@ -90,6 +90,12 @@ async def list_schedules(
 
 
 async def count_schedules(conn: AsyncConnection, workspace_id: str, mode: Mode) -> int:
+    """The workspace's schedules in ``mode``, with the workspace row locked until the
+    transaction ends (PostgreSQL; SQLite has one writer), so that concurrent creates count
+    one after another and a cap checked on this count holds."""
+    await conn.execute(
+        select(workspaces.c.id).where(workspaces.c.id == workspace_id).with_for_update()
+    )
     q = select(func.count()).where(
         schedules.c.workspace_id == workspace_id, schedules.c.mode == str(mode)
     )

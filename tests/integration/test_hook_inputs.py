@@ -116,6 +116,16 @@ async def test_a_replayed_standard_webhook_starts_one_run(api: Api) -> None:
     assert await reasons(api) == ["None", "None", "duplicate delivery id"]
 
 
+async def test_a_replay_with_a_new_unsigned_dedup_header_starts_no_second_run(api: Api) -> None:
+    s = await hook(api, verify={"type": "standard"}, dedup_header="X-Delivery")
+    body = b'{"order": 9}'
+    headers = signed(s["verify"]["secret"], "msg_captured", body)
+    first = await api.client.post(path(s), content=body, headers={**headers, "X-Delivery": "a"})
+    again = await api.client.post(path(s), content=body, headers={**headers, "X-Delivery": "b"})
+    assert (first.status_code, again.status_code) == (202, 200), again.text
+    assert len(await runs(api)) == 1
+
+
 async def test_concurrent_copies_start_one_run(api: Api) -> None:
     s = await hook(api, verify={"type": "standard"})
     body = b'{"order": 2}'

@@ -3,6 +3,7 @@ or fire too often, and the per-workspace cap."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -92,3 +93,11 @@ async def test_schedules_per_workspace_and_mode_are_capped(api: Api) -> None:
         await api.client.delete(f"/api/v1/schedules/{first}", headers=api.auth())
     ).status_code == 204
     assert (await api.post("/api/v1/schedules", body)).status_code == 201
+
+
+async def test_concurrent_creates_do_not_pass_the_cap(api: Api) -> None:
+    flow_id = await api.create_flow(FLOW)
+    body = {"flow_id": flow_id, "cron": "*/5 * * * *"}
+    answers = await asyncio.gather(*(api.post("/api/v1/schedules", body) for _ in range(8)))
+    assert sorted(r.status_code for r in answers) == [201] * 3 + [400] * 5
+    assert len((await api.get("/api/v1/schedules")).json()["data"]) == 3

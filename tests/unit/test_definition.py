@@ -91,3 +91,17 @@ def test_errors_name_the_step_and_field(mutate: Any, field: str, words: list[str
 def test_non_definitions_are_refused(bad: Any) -> None:
     with pytest.raises(InvalidDefinition):
         validate_definition(bad)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "{{ " + "(" * 1000 + "1" + ")" * 1000 + " }}",  # RecursionError in the compiler
+        "{{ " + "9" * 4400 + " }}",  # ValueError: past Python's integer digit limit
+        "{{ " + "[" * 500 + "]" * 500 + " }}",
+    ],
+)
+def test_expressions_past_the_compilers_limits_are_invalid_not_a_crash(expression: str) -> None:
+    flow = {"name": "x", "steps": [{"id": "a", "type": "transform", "output": {"v": expression}}]}
+    with pytest.raises(InvalidDefinition, match=r"steps\[0\]\.output"):
+        validate_definition(flow)

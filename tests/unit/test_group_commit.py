@@ -32,7 +32,9 @@ class Ledger:
 
 async def test_one_failing_item_fails_only_its_caller() -> None:
     ledger = Ledger()
-    group: GroupCommit[int, int] = GroupCommit(ledger.commit)
+    group: GroupCommit[int, int] = GroupCommit(
+        ledger.commit, isolate=lambda exc: isinstance(exc, Bad)
+    )
     first = asyncio.ensure_future(group.submit(0))  # commits alone; the rest queue behind it
     await asyncio.sleep(0)
     rest = [asyncio.ensure_future(group.submit(n)) for n in (1, 2, -3, 4, 5)]
@@ -44,9 +46,9 @@ async def test_one_failing_item_fails_only_its_caller() -> None:
     assert [1, 2, -3, 4, 5] in ledger.batches  # they did share a commit before it failed
 
 
-async def test_an_error_isolate_declines_fails_the_whole_batch() -> None:
+async def test_without_isolation_a_failure_fails_the_whole_batch() -> None:
     ledger = Ledger()
-    group: GroupCommit[int, int] = GroupCommit(ledger.commit, isolate=lambda exc: False)
+    group: GroupCommit[int, int] = GroupCommit(ledger.commit)  # no isolation by default
     first = asyncio.ensure_future(group.submit(0))
     await asyncio.sleep(0)
     rest = [asyncio.ensure_future(group.submit(n)) for n in (1, -2, 3)]

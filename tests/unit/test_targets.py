@@ -69,6 +69,8 @@ def test_hosts_that_become_ip_literals_after_mapping_are_refused(
         "http://[::ffff:0:7f00:1]/",  # IPv4-translated (SIIT)
         "http://[100::1]/",  # discard-only
         "http://[2001:db8::1]/",  # documentation
+        "http://[64:ff9b:1:7f00:1::]/",  # local-use NAT64, IPv4 not in the low bits
+        "http://[64:ff9b:1::808:808]/",  # ... refused whatever it embeds
     ],
 )
 def test_ipv6_forms_outside_global_unicast_are_refused(url: str) -> None:
