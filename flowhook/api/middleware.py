@@ -78,6 +78,9 @@ class RequestGuard:
         async def reply(status: int, text: str, code: str) -> None:
             await error_response(status, text, code)(scope, receive, send_with_id)
 
+        if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
+            await reply(400, "the URL must not contain the NUL character (%00)", "invalid_request")
+            return
         length = headers.get("content-length")
         has_body = (length is not None and length.strip() not in ("", "0")) or (
             "chunked" in headers.get("transfer-encoding", "").lower()

@@ -22,7 +22,7 @@ from sqlalchemy import event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.config import async_database_url
-from flowhook.errors import StoreUnavailable
+from flowhook.errors import InvalidInput, StoreUnavailable
 from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.wakeup import Wakeup
@@ -122,11 +122,21 @@ _GONE = (
 
 
 def _database_gone(exc: BaseException) -> bool:
+    return _caused_by(exc, _GONE)
+
+
+_NUL_REFUSED = (
+    asyncpg.exceptions.CharacterNotInRepertoireError,  # a NUL in a text parameter
+    asyncpg.exceptions.UntranslatableCharacterError,  # \u0000 in a jsonb value
+)
+
+
+def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             return False
-        if isinstance(seen, _GONE):
+        if isinstance(seen, kinds):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -134,7 +144,9 @@ def _database_gone(exc: BaseException) -> bool:
 
 @contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
-    """Errors that mean "the database is not there" become :class:`StoreUnavailable`."""
+    """Errors that mean "the database is not there" become :class:`StoreUnavailable`; text
+    PostgreSQL cannot hold (the NUL character; SQLite keeps it) becomes :class:`InvalidInput`,
+    so odd input from outside answers 400 on both backends alike."""
     try:
         yield
     except sa_exc.DBAPIError as exc:
@@ -144,6 +156,8 @@ async def _translated() -> AsyncIterator[None]:
             or _database_gone(exc)
         ):
             raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
+        if _caused_by(exc, _NUL_REFUSED):
+            raise InvalidInput("text must not contain the NUL character (\\u0000)") from None
         raise
     except (OSError, sa_exc.TimeoutError, sa_exc.PendingRollbackError) as exc:
         raise StoreUnavailable("the database cannot be reached; try again shortly") from exc
