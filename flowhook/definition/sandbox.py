@@ -255,7 +255,7 @@ class _Formatter(SandboxedFormatter):
             raise SecurityError(f"width or precision {pad} is larger than {MAX_WIDTH}")
         number = isinstance(value, int | float) and not isinstance(value, bool)
         size = 2 * weight(value) + _FIXED_CHARS if number else _printed(value)
-        self._add(max(pad, size), "format()")
+        self._add(pad + size, "format()")
         return super().format_field(value, format_spec)
 
 
