@@ -18,7 +18,7 @@ import re
 import threading
 from collections.abc import Callable, Collection, ItemsView, Iterable, KeysView, ValuesView
 from types import BuiltinMethodType, MethodType
-from typing import Any
+from typing import Any, NoReturn
 
 from jinja2 import StrictUndefined, filters, nodes
 from jinja2.compiler import CodeGenerator, Frame
@@ -382,10 +382,19 @@ def _join(sep: Any, items: Iterable[Any], what: str) -> tuple[list[Any], int]:
     return parts, size
 
 
+_MISSING = re.compile(r"No (filter|test) named (.+)\.")
+
+
 class _Codegen(CodeGenerator):
     """``a ~ b`` and literal lists, tuples and dicts go through the sandbox: Jinja joins the
     parts in one C call, and ``[x, x]`` repeated would double a value's printed size each time
     (printing or comparing it then runs in C for ever)."""
+
+    def fail(self, msg: str, lineno: int) -> NoReturn:
+        missing = _MISSING.fullmatch(msg)
+        if missing:  # a filter or test not on the list
+            msg = f"the {missing[1]} {missing[2]} is not available in expressions"
+        super().fail(msg, lineno)
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         self.write("environment.concat_values((")
