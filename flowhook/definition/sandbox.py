@@ -16,7 +16,7 @@ import math
 import operator
 import re
 import threading
-from collections.abc import Callable, Collection, ItemsView, Iterable, KeysView, ValuesView
+from collections.abc import Callable, Collection, Iterable
 from types import BuiltinMethodType, MethodType
 from typing import Any, NoReturn
 
@@ -127,7 +127,9 @@ def weight(value: Any, limit: int | None = None, *, printed: bool = False) -> in
     return total
 
 
-_SEQUENCES = (list, tuple, set, frozenset, KeysView, ValuesView, ItemsView)
+# Concrete types (an isinstance against an ABC is slow, and weight runs on every evaluation).
+_VIEWS: tuple[type[Collection[Any]], ...] = (type({}.keys()), type({}.values()), type({}.items()))
+_SEQUENCES: tuple[type[Collection[Any]], ...] = (list, tuple, set, frozenset, *_VIEWS)
 _FLOAT_CHARS = 24
 """The longest repr of a float (``-1.2345678901234567e-308``)."""
 _OBJECT_CHARS = 100
@@ -355,7 +357,7 @@ _ALLOWED: tuple[tuple[type | tuple[type, ...], frozenset[str]], ...] = (
     (dict, frozenset(["copy", "get", "items", "keys", "values"])),
     (list, frozenset(["copy", "count", "index"])),
     ((tuple, range), frozenset(["count", "index", "start", "stop", "step"])),
-    ((set, frozenset, KeysView, ValuesView, ItemsView), frozenset(["isdisjoint"])),
+    ((set, frozenset, *_VIEWS), frozenset(["isdisjoint"])),
     (bytes, frozenset()),
 )
 
