@@ -583,6 +583,7 @@ def _depth(value: Any, limit: int) -> int:
 
 
 _MAX_JSON_INDENT = 16
+_MAX_ROUND_DIGITS = 1000
 _MAX_LINK_ATTRIBUTE = 200
 _JSON_CHARS = 12
 """What tojson prints for one character at most (a surrogate pair, ``\\ud83d\\ude00``)."""
@@ -630,7 +631,6 @@ _PLAIN = [
     "reject",
     "rejectattr",
     "reverse",
-    "round",
     "select",
     "selectattr",
     "sort",
@@ -746,7 +746,14 @@ def _bounded_filters() -> dict[str, Callable[..., Any]]:
         _charge(12 * text + words * (100 + extra), "urlize")
         return filters.do_urlize(ctx, value, *args, **kwargs)
 
+    def round_(value: float, precision: int = 0, method: str = "common") -> float:
+        # round(5, -10**8) computes 10**(10**8) in one C call.
+        if isinstance(precision, int) and abs(precision) > _MAX_ROUND_DIGITS:
+            raise SecurityError(f"round precision {precision} is beyond ±{_MAX_ROUND_DIGITS}")
+        return filters.do_round(value, precision, method)  # type: ignore[arg-type]
+
     bounded: dict[str, Callable[..., Any]] = {
+        "round": round_,
         "replace": pass_eval_context(replace),
         "center": center,
         "indent": indent,

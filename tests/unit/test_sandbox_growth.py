@@ -62,6 +62,8 @@ ATTACKS = [
     "{{ ('\ufb03' * 40000) | upper }}",
     "{{ ('\ufb03' * 40000).upper() }}",
     "{% set s = ['\\x01' * 30000] %}{{ s }}",
+    # one C call that runs long: 10 ** 1,000,000
+    "{{ 5 | round(-1000000) }}",
 ]
 
 
@@ -103,6 +105,7 @@ def test_filters_and_globals_not_on_the_list_do_not_exist() -> None:
         ("{{ payload.missing | default(0) + payload.n }}", 3),
         ("{{ payload.tags | length }}", 2),
         ("{{ '42' | int + (2.6 | round) }}", 45.0),
+        ("{{ 2.567 | round(2) }} {{ 1234 | round(-2, 'floor') }}", "2.57 1200.0"),
         ("{{ payload.tags | join(', ') | upper }}", "A, B"),
         ("{{ payload.name.replace('A', 'a').lower() }}", "ada"),
         ("{{ payload.name | replace('d', 'D') | title }}", "Ada"),
