@@ -693,6 +693,8 @@ def _bounded_filters() -> dict[str, Callable[..., Any]]:
         return filters.do_wordwrap(env, s, width, *args, **kwargs)
 
     def format_(value: str, *args: Any, **kwargs: Any) -> str:
+        if not isinstance(value, str):  # printed first: bound that too
+            _charge(_printed(value), "format")
         _charge(_percent_size(str(value), kwargs or args), "format")
         return filters.do_format(value, *args, **kwargs)
 

@@ -27,6 +27,7 @@ ATTACKS = [
     f"{{{{ {SHARED} | center(10) }}}}",
     f"{{{{ {SHARED} | replace('y', 'z') }}}}",
     f"{{{{ {SHARED} | indent(2) }}}}",
+    f"{{{{ {SHARED} | format }}}}",
     "{{ {}.fromkeys(range(500), 'y' * 1000) | string }}",
     # 2. int methods that allocate
     "{{ (1).to_bytes(200000, 'big') }}",
