@@ -35,6 +35,7 @@ from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
+from flowhook.store.types import json_has_nul
 
 __all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT", "DEFAULT_MAX_OUTPUT_BYTES"]
 
@@ -510,11 +511,13 @@ def _output_problem(output: Any, limit: int) -> str | None:
     if weight(output, limit) > limit:
         return f"output is larger than {limit} bytes (FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
     try:
-        size = len(orjson.dumps(output))
+        encoded = orjson.dumps(output)
     except TypeError as exc:
         return f"output is not JSON: {exc}"
-    if size > limit:
-        return f"output is {size} bytes, more than {limit} (FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
+    if len(encoded) > limit:
+        return f"output is {len(encoded)} bytes, more than {limit} (FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
+    if json_has_nul(encoded):
+        return "output contains the NUL character (\\u0000), which cannot be stored"
     return None
 
 

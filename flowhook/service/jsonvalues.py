@@ -10,17 +10,14 @@ have shared with other requests.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import orjson
 
 from flowhook.errors import InvalidInput
+from flowhook.store.types import json_has_nul
 
 __all__ = ["encode_json", "check_json"]
-
-_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-"""``\\u0000`` as orjson writes a NUL character (an even run of backslashes before it is text)."""
 
 
 def encode_json(value: Any, field: str, *, finite: bool = False) -> orjson.Fragment:
@@ -32,7 +29,7 @@ def encode_json(value: Any, field: str, *, finite: bool = False) -> orjson.Fragm
         encoded = orjson.dumps(value)
     except TypeError as exc:
         raise InvalidInput(f"{field} {_why(str(exc))}", field=field) from None
-    if encoded.find(b"\\u0000") >= 0 and _NUL.search(encoded):
+    if json_has_nul(encoded):
         raise InvalidInput(f"{field} must not contain the NUL character (\\u0000)", field=field)
     if (
         not finite and encoded.find(b"null") >= 0 and _has_non_finite(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,7 +11,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["UTCDateTime", "JSONType"]
+__all__ = ["UTCDateTime", "JSONType", "json_has_nul"]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -38,3 +39,13 @@ JSONType = JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 def json_default(value: Any) -> Any:  # pragma: no cover - orjson handles what we store
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+"""``\\u0000`` as orjson writes a NUL character (an even run of backslashes before it is text)."""
+
+
+def json_has_nul(encoded: bytes) -> bool:
+    """Whether JSON text holds the NUL character, which PostgreSQL's ``jsonb`` cannot keep
+    (refused on SQLite too, so a flow behaves the same on both)."""
+    return encoded.find(b"\\u0000") >= 0 and _NUL.search(encoded) is not None

@@ -147,3 +147,26 @@ async def test_a_step_that_raises_is_retried_by_its_rules(services: Services, db
     assert run.error is not None and run.error["message"] == "ValueError: bad header on attempt 2"
     [step] = run.steps
     assert (step.status, step.attempts) == (StepStatus.FAILED, 2)
+
+
+async def test_a_step_output_holding_nul_fails_that_run_alone(api: Api) -> None:
+    """PostgreSQL's jsonb cannot keep NUL: such an output must fail its own step, not the
+    engine's group write that other tenants' runs share."""
+    nul = await api.create_flow(
+        {
+            "name": "nul",
+            "steps": [{"id": "t", "type": "transform", "output": {"v": '{{ "a\\x00b" }}'}}],
+        }
+    )
+    fine = await api.create_flow(
+        {"name": "fine", "steps": [{"id": "t", "type": "transform", "output": {"v": "ok"}}]},
+        who="other",
+    )
+    bad_runs = [await api.execute(nul) for _ in range(3)]
+    good_runs = [await api.execute(fine, who="other") for _ in range(3)]
+    for run_id in bad_runs:
+        run = await api.wait(run_id)
+        assert run["status"] == "failed", run
+        assert run["error"]["type"] == "output" and "NUL" in run["error"]["message"]
+    for run_id in good_runs:
+        assert (await api.wait(run_id, who="other"))["status"] == "completed"
