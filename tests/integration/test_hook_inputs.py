@@ -21,23 +21,9 @@ from flowhook.ids import new_id
 from flowhook.service import Services
 from flowhook.store import hooks as hooks_store
 from tests.conftest import Api
+from tests.integration.test_hooks import hook, path
 
-FLOW: dict[str, Any] = {
-    "name": "in",
-    "steps": [{"id": "echo", "type": "transform", "output": {"got": "{{ payload }}"}}],
-}
 JSON = {"Content-Type": "application/json"}
-
-
-async def hook(api: Api, **body: Any) -> dict[str, Any]:
-    flow_id = await api.create_flow(FLOW)
-    r = await api.post("/api/v1/hooks", {"flow_id": flow_id, **body})
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def path(h: dict[str, Any]) -> str:
-    return "/api/v1/hooks/" + h["id"]
 
 
 async def reasons(api: Api) -> list[Any]:
