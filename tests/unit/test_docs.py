@@ -46,7 +46,11 @@ def _anchors(page: Path) -> set[str]:
 def test_readme_and_docs_links_resolve_inside_the_repository() -> None:
     """The repository stands alone: every relative link in the README, docs/ and bench/README
     names a file of the repository (never one beside it), and its #anchor a heading there."""
-    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [
+        ROOT / "README.md",
+        ROOT / "bench" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
     broken = []
     for page in pages:
         for target in _LINK.findall(page.read_text()):
