@@ -140,11 +140,40 @@ class Database:
         async with self.read() as conn:
             await conn.execute(text("SELECT 1"))
 
+    async def gather_statistics(self, tables: tuple[str, ...]) -> list[str]:
+        """PostgreSQL: ANALYZE each of ``tables`` that has no column statistics yet (call it
+        once they hold rows); the names of those analyzed. Nothing on SQLite.
+
+        A new database has none until autovacuum's first pass (a minute or more, and an
+        immediate restart resets the counters it goes by). Without them the planner cannot
+        tell the indexes of ``runs`` apart: the Idempotency-Key lookup chose
+        ``(workspace_id, mode, run_id)`` over the unique ``(workspace_id, mode,
+        idempotency_key)`` and read every run of the workspace on each accept, which the
+        backlog after a PostgreSQL restart turned into an accept rate that never recovered
+        (issue 19)."""
+        if self.is_sqlite:
+            return []
+        done: list[str] = []
+        async with _translated(), self.writer.connect() as conn:
+            for table in tables:
+                lacking = await conn.scalar(_LACKS_STATISTICS, {"table": table})
+                if lacking:
+                    await conn.execute(text(f'ANALYZE "{table}"'))
+                    done.append(table)
+            await conn.commit()
+        return done
+
     async def dispose(self) -> None:
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
 
+
+_LACKS_STATISTICS = text(
+    "SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats"
+    " WHERE schemaname = current_schema() AND tablename = :table)"
+)
+"""True for a table PostgreSQL has no column statistics of (never analyzed, or empty)."""
 
 _GONE = (
     OSError,
