@@ -21,8 +21,10 @@ a fault when the process that made the first call (found from the call's TCP sou
 was killed, or PostgreSQL was restarted, while that step could still be in flight: the fault
 began no earlier than ``SKEW`` before the first call, no later than ``--inflight-window``
 seconds after it, and before the second call; or PostgreSQL was down when the first call
-came. A duplicate webhook (one event id received twice) is explained the same way, with the
-dispatcher's process. Anything else is a defect.
+came; never when the engine logged the run's write as dropped. A duplicate webhook (one
+event id received twice) is explained when its first attempt is logged as timed out (the
+documented retry), or when the attempt log shows it never finished and its sender was
+killed (or PostgreSQL restarted) between the two arrivals. Anything else is a defect.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import hmac
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -61,6 +64,8 @@ from harness import BENCH_SECRET_KEY, FLOWHOOK, free_port
 SKEW = 0.1
 """Seconds a call may reach the target after the kill of the process that sent it (it was
 already in the socket)."""
+
+DROPPED = re.compile(r"run (run_[0-9a-z]+): unexpected error in the engine")
 
 LEASE_SECONDS = 3
 WEBHOOK_TIMEOUT = 2
@@ -666,6 +671,9 @@ class DbState:
     failed_attempts: dict[str, set[int]]
     """event id → numbers of its delivery attempts logged as timed out (the receiver answered
     too late, or not at all)."""
+    cut_attempts: dict[str, set[int]]
+    """event id → numbers of its delivery attempts never finished by their sender (left
+    open, or marked interrupted when the delivery was claimed again)."""
 
 
 STATE_SQL = (
@@ -675,6 +683,8 @@ STATE_SQL = (
     "SELECT run_id, attempts FROM run_steps WHERE step_id = 'call'",
     "SELECT d.event_id, a.number FROM delivery_attempts a JOIN deliveries d"
     " ON d.id = a.delivery_id WHERE a.error_class = 'timeout'",
+    "SELECT d.event_id, a.number FROM delivery_attempts a JOIN deliveries d"
+    " ON d.id = a.delivery_id WHERE a.finished_at IS NULL OR a.error_class = 'interrupted'",
 )
 
 
@@ -701,7 +711,12 @@ async def read_state(database_url: str) -> DbState:
     failed: dict[str, set[int]] = {}
     for event_id, number in rows[4]:
         failed.setdefault(event_id, set()).add(int(number))
-    return DbState(dict(rows[0]), int(rows[1][0][0]), int(rows[2][0][0]), dict(rows[3]), failed)
+    cut: dict[str, set[int]] = {}
+    for event_id, number in rows[5]:
+        cut.setdefault(event_id, set()).add(int(number))
+    return DbState(
+        dict(rows[0]), int(rows[1][0][0]), int(rows[2][0][0]), dict(rows[3]), failed, cut
+    )
 
 
 # -- one experiment ---------------------------------------------------------------------------
@@ -792,6 +807,14 @@ class Experiment:
         if self.pg is not None:
             self.pg.stop()
 
+    def dropped_runs(self) -> set[str]:
+        """Runs named in an "unexpected error in the engine" line: their write was dropped."""
+        found: set[str] = set()
+        for p in self.procs:
+            if p.log.exists():
+                found.update(DROPPED.findall(p.log.read_text(errors="replace")))
+        return found
+
     def logged(self, text: str) -> int:
         return sum(
             p.log.read_text(errors="replace").count(text) for p in self.procs if p.log.exists()
@@ -879,34 +902,55 @@ async def soak(exp: Experiment, sink: SinkProcess, base: str) -> dict[str, Any]:
     return report
 
 
-RETRIED = Fault("retry_after_failed_attempt", 0.0, 0.0, None, "receiver")
-"""What explains a webhook sent again because its attempt was logged as failed (a timeout:
-the receiver answered after FLOWHOOK_WEBHOOK_TIMEOUT): the documented retry."""
+RETRIED = Fault("retry_after_timeout", 0.0, 0.0, None, "receiver")
+"""What explains a webhook sent again because its attempt was logged as timed out (the
+receiver answered after FLOWHOOK_WEBHOOK_TIMEOUT): the documented retry."""
 
 
-def _pairs(
-    seen: dict[str, list[Call]],
-    faults: list[Fault],
-    window: float,
-    failed: dict[str, set[int]] | None = None,
-) -> tuple[list[dict[str, Any]], int]:
-    """Every key seen more than once, with what explains it (or None); how many are
-    explained. ``failed``: per event id, the attempt numbers logged as failed."""
-    out, explained = [], 0
-    for key, calls in sorted(seen.items()):
-        if len(calls) < 2:
+def _item(key: str, calls: list[Call], fault: Fault | None) -> dict[str, Any]:
+    return {
+        "id": key, "times": len(calls), "first_at": round(calls[0].at, 3),
+        "second_at": round(calls[1].at, 3), "first_pid": calls[0].pid,
+        "explained_by": asdict(fault) if fault else None,
+    }  # fmt: skip
+
+
+def repeated_effects(
+    calls: dict[str, list[Call]], faults: list[Fault], window: float, dropped: set[str]
+) -> list[dict[str, Any]]:
+    """Every run whose target got more than one call, with the fault that explains it: a
+    kill of the caller (or a PostgreSQL restart) within ``window`` s after the first call
+    and before the second. A run the engine logged as dropped ("unexpected error in the
+    engine") is never explained: its progress was lost by a defect, whatever else happened."""
+    out = []
+    for run_id, seen in sorted(calls.items()):
+        if len(seen) > 1:
+            fault = None if run_id in dropped else (
+                explain(seen[0].at, seen[0].pid, seen[1].at, faults, window)
+            )  # fmt: skip
+            out.append(_item(run_id, seen, fault))
+    return out
+
+
+def duplicate_webhooks(
+    hooks: dict[str, list[Call]], faults: list[Fault], state: DbState
+) -> list[dict[str, Any]]:
+    """Every event received more than once, with what explains it: its first attempt is
+    logged as timed out (the documented retry), or it was never finished by its sender (the
+    attempt log says so) and the sender was killed (or PostgreSQL restarted) between the
+    first arrival and the second."""
+    out = []
+    for event_id, seen in sorted(hooks.items()):
+        if len(seen) < 2:
             continue
-        if failed is not None and calls[0].attempt in failed.get(key, set()):
-            fault: Fault | None = RETRIED
-        else:
-            fault = explain(calls[0].at, calls[0].pid, calls[1].at, faults, window)
-        explained += fault is not None
-        out.append({
-            "id": key, "times": len(calls), "first_at": round(calls[0].at, 3),
-            "second_at": round(calls[1].at, 3), "first_pid": calls[0].pid,
-            "explained_by": asdict(fault) if fault else None,
-        })  # fmt: skip
-    return out, explained
+        first = seen[0]
+        fault: Fault | None = None
+        if first.attempt in state.failed_attempts.get(event_id, set()):
+            fault = RETRIED
+        elif first.attempt in state.cut_attempts.get(event_id, set()):
+            fault = explain(first.at, first.pid, seen[1].at, faults, seen[1].at - first.at)
+        out.append(_item(event_id, seen, fault))
+    return out
 
 
 def analyse(
@@ -914,8 +958,10 @@ def analyse(
 ) -> dict[str, Any]:
     accepted = {r.run_id for r in load.requests if r.run_id}
     completed = {r for r, s in state.runs.items() if s == "completed"}
-    repeats, repeats_explained = _pairs(sink.calls, exp.faults, window)
-    dups, dups_explained = _pairs(sink.hooks, exp.faults, window, state.failed_attempts)
+    repeats = repeated_effects(sink.calls, exp.faults, window, exp.dropped_runs())
+    repeats_explained = sum(1 for r in repeats if r["explained_by"])
+    dups = duplicate_webhooks(sink.hooks, exp.faults, state)
+    dups_explained = sum(1 for d in dups if d["explained_by"])
     retried = sum(1 for d in dups if d["explained_by"] == asdict(RETRIED))
     other_5xx = sum(n for code, n in load.statuses.items()
                     if code.isdigit() and 500 <= int(code) < 600 and code != "503")  # fmt: skip
@@ -943,6 +989,7 @@ def analyse(
         "webhooks": sum(len(v) for v in sink.hooks.values()),
         "bad_signatures": sink.bad_signatures,
         "missing_webhooks": len((accepted & completed) - sink.completed_hooks),
+        "deliveries_pending_at_end": state.pending_deliveries,
         "duplicate_webhooks": dups,
         "duplicate_webhooks_explained": dups_explained,
         "duplicate_webhooks_after_failed_attempt": retried,
@@ -984,7 +1031,11 @@ def verdict(report: dict[str, Any]) -> list[str]:
     if report["bad_signatures"]:
         problems.append(f"{report['bad_signatures']} webhooks with a bad signature")
     if report["missing_webhooks"]:
-        problems.append(f"{report['missing_webhooks']} completed runs without their webhook")
+        pending = report["deliveries_pending_at_end"]
+        problems.append(
+            f"{report['missing_webhooks']} completed runs without their webhook"
+            + (f" ({pending} deliveries still pending when the drain ended)" if pending else "")
+        )
     return problems
 
 
@@ -1003,6 +1054,7 @@ def print_report(report: dict[str, Any]) -> None:
         ("  http step attempts recorded for repeats", r["repeat_attempts_recorded"]),
         ("webhooks received / bad signatures", f"{r['webhooks']} / {r['bad_signatures']}"),
         ("completed runs without their webhook", r["missing_webhooks"]),
+        ("deliveries still pending after the drain", r["deliveries_pending_at_end"]),
         ("duplicate webhooks: explained / WITHOUT a fault",
          f"{r['duplicate_webhooks_explained']} / {r['duplicate_webhooks_unexplained']}"),
         ("  of the explained: retries of an attempt logged failed",
@@ -1049,9 +1101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=30, help="client timeout per attempt")
     parser.add_argument("--retry-seconds", type=float, default=60,
                         help="keep retrying a request this long after the load ends")  # fmt: skip
-    parser.add_argument("--drain-seconds", type=float, default=120,
+    parser.add_argument("--drain-seconds", type=float, default=180,
                         help="wait at most this long for the backlog after the load")  # fmt: skip
-    parser.add_argument("--inflight-window", type=float, default=2.0,
+    parser.add_argument("--inflight-window", type=float, default=5.0,
                         help="a fault this soon after a step's call explains its repeat")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="also write the reports as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directories (logs)")

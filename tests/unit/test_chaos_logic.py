@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import random
 
-from bench.chaos import Fault, Request, explain, kill_times, windows
+from bench.chaos import (
+    Call,
+    DbState,
+    Fault,
+    Request,
+    duplicate_webhooks,
+    explain,
+    kill_times,
+    repeated_effects,
+    windows,
+)
 
 
 def test_a_kill_of_the_caller_while_its_step_was_in_flight_explains_a_repeat() -> None:
@@ -51,3 +61,30 @@ def test_windows_before_and_after_a_restart() -> None:
     assert [(w["from"], w["to"]) for w in out] == [(-10, 0), (0, 5), (5, 10), (10, 15)]
     assert out[0]["accepted_per_s"] == 10.0
     assert out[1]["median_s"] == 0.1
+
+
+def test_a_run_the_engine_dropped_is_never_explained() -> None:
+    kill = Fault("kill", at=10.5, until=10.6, pid=7, role="worker-1")
+    calls = {"run_a": [Call(10.0, 7), Call(14.0, 8)], "run_b": [Call(10.0, 7), Call(14.0, 8)]}
+    out = repeated_effects(calls, [kill], window=5.0, dropped={"run_b"})
+    assert [(r["id"], r["explained_by"] is not None) for r in out] == [
+        ("run_a", True),
+        ("run_b", False),
+    ]
+
+
+def test_a_duplicate_webhook_is_explained_by_a_timeout_or_a_cut_attempt_and_a_kill() -> None:
+    kill = Fault("kill", at=30.0, until=30.2, pid=7, role="serve")
+    hooks = {
+        "evt_timeout": [Call(10.0, 7, attempt=1), Call(40.0, 9, attempt=2)],
+        "evt_cut": [Call(10.0, 7, attempt=1), Call(40.0, 9, attempt=1)],
+        "evt_finished": [Call(10.0, 7, attempt=1), Call(40.0, 9, attempt=1)],
+        "evt_once": [Call(10.0, 7, attempt=1)],
+    }
+    state = DbState({}, 0, 1, {}, {"evt_timeout": {1}}, {"evt_cut": {1}})
+    out = {d["id"]: d["explained_by"] for d in duplicate_webhooks(hooks, [kill], state)}
+    assert out["evt_timeout"]["kind"] == "retry_after_timeout"
+    assert out["evt_cut"]["kind"] == "kill"  # sent, never finished, its sender killed
+    assert out["evt_finished"] is None  # finished by its sender, yet sent again: a defect
+    assert "evt_once" not in out
+    assert duplicate_webhooks(hooks, [], state)[0]["explained_by"] is None  # cut, no fault
