@@ -3,7 +3,9 @@
 The queue is the ``runs`` table: a run is claimable while its status is queued or running and
 ``available_at`` has passed. A claim sets ``lease_owner`` and moves ``available_at`` to the end
 of the lease, so a run whose worker dies becomes claimable again when its lease runs out,
-and the claim query needs no separate lease test. Heartbeats push both forward.
+and the claim query needs no separate lease test. Heartbeats push both forward. Claims take
+runs in the order they fell due (``due_at``: queued, or woken from a delay or a backoff),
+which neither moves, so a run whose worker died goes before the runs that fell due after it.
 """
 
 from __future__ import annotations
