@@ -10,6 +10,7 @@ FlowhookError
  ├── PayloadTooLarge
  ├── UnsupportedMediaType
  ├── StoreUnavailable        the database cannot be reached
+ │    └── WriteConflict      a transaction lost a deadlock or serialization conflict
  └── SecretKeyError          FLOWHOOK_SECRET_KEY (or the key file) missing, malformed or wrong
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "RateLimited",
     "UnsupportedMediaType",
     "StoreUnavailable",
+    "WriteConflict",
     "SecretKeyError",
 ]
 
@@ -94,6 +96,12 @@ class UnsupportedMediaType(FlowhookError):
 
 class StoreUnavailable(FlowhookError):
     code = "store_unavailable"
+
+
+class WriteConflict(StoreUnavailable):
+    """PostgreSQL ended the transaction to break a deadlock (SQLSTATE 40P01) or a
+    serialization failure (40001). Such a transaction wrote nothing, so running it again is
+    safe (``Database.retrying`` does); one that still fails answers 503 like an outage."""
 
 
 class SecretKeyError(FlowhookError):

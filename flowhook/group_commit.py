@@ -9,7 +9,9 @@ One caller's bad item must not fail the others it shared a transaction with: whe
 commit raises and ``isolate`` says the error may be one item's fault, each item is committed
 again on its own, so only the item that fails again gets the error. Off by default: redoing
 items is right only where a commit that failed is known to have written nothing and an item
-may be applied alone (accepting runs), not where an unknown outcome could apply work twice.
+may be applied alone (accepting runs; the engine's progress writes, see
+``worker.redo_alone``), not where an unknown outcome could apply work twice (a connection
+lost during COMMIT).
 """
 
 from __future__ import annotations

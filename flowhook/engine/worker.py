@@ -22,7 +22,7 @@ import aiohttp
 from flowhook import logs
 from flowhook.clock import Clock
 from flowhook.engine.executor import DEFAULT_MAX_OUTPUT_BYTES, Executor
-from flowhook.errors import StoreUnavailable
+from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
@@ -31,7 +31,7 @@ from flowhook.store.models import Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 from flowhook.targets import guarded_connector
 
-__all__ = ["Worker", "new_owner_id", "CANCEL_CHECK_SECONDS"]
+__all__ = ["Worker", "new_owner_id", "redo_alone", "CANCEL_CHECK_SECONDS"]
 
 log = logging.getLogger("flowhook.engine")
 
@@ -42,6 +42,18 @@ PROGRESS_BATCH = 64
 """Runs' progress per group-commit transaction. On SQLite a transaction runs on the event
 loop's thread, so a smaller batch keeps the API answering between them (accept p99 under
 load) at the cost of a few more commits."""
+
+
+def redo_alone(exc: BaseException) -> bool:
+    """Whether a failed progress batch is redone one run at a time (``GroupCommit``'s
+    ``isolate``), so one run's bad write fails that run alone. Safe when the transaction is
+    known to have written nothing: any error raised before COMMIT, a COMMIT the server
+    refused, and a lost lock conflict that outlived its retries (:class:`WriteConflict`).
+    Not when the connection was lost (a COMMIT may have landed: the runs resume from what
+    the database holds), nor on cancellation."""
+    if not isinstance(exc, Exception):
+        return False
+    return isinstance(exc, WriteConflict) or not isinstance(exc, StoreUnavailable)
 
 
 def new_owner_id() -> str:
@@ -77,7 +89,7 @@ class Worker:
         load_plugins(plugins or [])
         self.http: aiohttp.ClientSession | None = None
         self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(
-            self._commit_progress, max_batch=PROGRESS_BATCH
+            self._commit_progress, max_batch=PROGRESS_BATCH, isolate=redo_alone
         )
         self.executor = Executor(
             db,
@@ -111,9 +123,10 @@ class Worker:
 
     async def _commit_progress(self, batch: Sequence[runs_store.Progress]) -> list[bool]:
         """Group commit: the progress of every run that reached a write meanwhile, in one
-        transaction."""
-        async with self.db.transaction() as conn:
-            return await runs_store.apply_progress(conn, batch, owner=self.owner)
+        transaction, run again if it loses a lock conflict (it wrote nothing then)."""
+        return await self.db.retrying(
+            lambda conn: runs_store.apply_progress(conn, batch, owner=self.owner)
+        )
 
     async def start(self) -> None:
         await self.open()
@@ -139,10 +152,11 @@ class Worker:
         await self._writes.wait_idle()
         if unfinished:
             try:
-                async with self.db.transaction() as conn:
-                    handed = await runs_store.hand_back(
+                handed = await self.db.retrying(
+                    lambda conn: runs_store.hand_back(
                         conn, owner=self.owner, run_ids=unfinished, now=self.clock.now()
                     )
+                )
                 log.info("worker: handed back %d unfinished runs", handed)
             except Exception:
                 log.exception("worker: hand-back failed; the runs resume when their leases end")
@@ -176,12 +190,16 @@ class Worker:
         left: RunStatus | None = None
         try:
             left = await self.executor.execute(run)
-        except StoreUnavailable:
-            log.warning("run %s: store unavailable; it resumes when its lease expires", run.run_id)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("run %s: unexpected error in the engine", run.run_id)
+        except Exception as exc:
+            if isinstance(exc, WriteConflict):
+                log.error("run %s: its progress could not be written: %s", run.run_id, exc)
+            elif isinstance(exc, StoreUnavailable):
+                log.warning("run %s: store unavailable (%s)", run.run_id, exc)
+            else:
+                log.exception("run %s: unexpected error in the engine", run.run_id)
+            await self._release(run.run_id)
         finally:
             was_full = len(self._inflight) >= self.concurrency
             self._inflight.pop(run.run_id, None)
@@ -191,6 +209,28 @@ class Worker:
             # of the time, and cost a write transaction).
             if was_full or (left is not None and not left.terminal):
                 self.wakeup.notify()
+
+    async def _release(self, run_id: str) -> None:
+        """Hand back a run whose write failed, at once: it resumes from its last committed
+        step (here or in another worker) instead of waiting for its lease to end. The claim
+        counts (``count_claim``), so a run that can never be written ends ``worker_lost``."""
+        try:
+            released = await self.db.retrying(
+                lambda conn: runs_store.hand_back(
+                    conn, owner=self.owner, run_ids=[run_id], now=self.clock.now(), count_claim=True
+                )
+            )
+        except Exception as exc:
+            log.warning(
+                "run %s: not released (%s); it resumes when its lease expires",
+                run_id,
+                exc,
+                exc_info=not isinstance(exc, StoreUnavailable),
+            )
+            return
+        if released:
+            log.warning("run %s: released; it resumes from its last committed step", run_id)
+            self.wakeup.notify()
 
     async def _idle_wait(self) -> None:
         timeout = self.poll_interval
@@ -226,22 +266,37 @@ class Worker:
             else:
                 await self._idle_wait()
 
+    async def beat(self, run_ids: Sequence[str]) -> int:
+        """One heartbeat: extend this worker's leases on ``run_ids`` (retried when it loses a
+        lock conflict); how many it still held."""
+        until = self.clock.now() + self.lease
+        return await self.db.retrying(
+            lambda conn: runs_store.extend_leases(
+                conn, owner=self.owner, run_ids=run_ids, until=until
+            )
+        )
+
     async def _heartbeat(self) -> None:
         interval = self.lease.total_seconds() / 3
+        wait = interval
         while not self._stopping.is_set():
-            await asyncio.sleep(interval)
-            if not self._inflight:
+            await asyncio.sleep(wait)
+            wait = interval
+            held = list(self._inflight)
+            if not held:
                 continue
             try:
-                async with self.db.transaction() as conn:
-                    await runs_store.extend_leases(
-                        conn,
-                        owner=self.owner,
-                        run_ids=list(self._inflight),
-                        until=self.clock.now() + self.lease,
-                    )
-            except Exception:
-                log.exception("worker: heartbeat failed")
+                await self.beat(held)
+            except Exception as exc:
+                # Not silent, and soon again: two missed beats leave a third of the lease.
+                wait = min(interval, 1.0)
+                log.error(
+                    "worker: heartbeat failed (%s); %d leases not extended, trying again in %.1fs",
+                    exc,
+                    len(held),
+                    wait,
+                    exc_info=not isinstance(exc, StoreUnavailable),
+                )
 
     async def _watch_cancels(self) -> None:
         """Interrupt a step in flight when its run is cancelled (an http request, a python

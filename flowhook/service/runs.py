@@ -43,6 +43,9 @@ IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_WAIT = 60.0
 LONG_POLL_INTERVAL = 0.1
 MAX_IDEMPOTENCY_KEY = 255
+STATISTICS_AFTER = 100
+"""Runs a process accepts before it makes sure PostgreSQL has statistics of ``runs``."""
+PLANNED_TABLES = ("runs",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class RunService:
         self._group: GroupCommit[_StartRequest, Started] = GroupCommit(
             self._commit_starts, isolate=_worth_retrying_alone
         )
+        self._accepted = 0
+        self._statistics: asyncio.Task[None] | None = None
 
     async def start(
         self,
@@ -114,9 +119,23 @@ class RunService:
             )
         encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
-        return await self._group.submit(
+        started = await self._group.submit(
             _StartRequest(who, flow_id, payload, encoded, trigger, idempotency_key, digest)
         )
+        if not started.replayed:
+            self._accepted += 1
+            if self._accepted == STATISTICS_AFTER:
+                self._statistics = asyncio.create_task(self._gather_statistics())
+        return started
+
+    async def _gather_statistics(self) -> None:
+        """Once the runs table holds rows, have PostgreSQL plan with statistics of it
+        (:meth:`Database.gather_statistics`); tried again after the next batch of accepts
+        when the database cannot be reached."""
+        try:
+            await self._db.gather_statistics(PLANNED_TABLES)
+        except StoreUnavailable:
+            self._accepted = 0
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         try:

@@ -10,9 +10,12 @@ pool for both.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -22,12 +25,24 @@ from sqlalchemy import event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.config import async_database_url
-from flowhook.errors import InvalidInput, StoreUnavailable
+from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
 from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.wakeup import Wakeup
 
-__all__ = ["Database"]
+__all__ = ["Database", "CONFLICT_ATTEMPTS"]
+
+log = logging.getLogger("flowhook.store")
+
+R = TypeVar("R")
+
+CONFLICT_ATTEMPTS = 4
+"""How many times :meth:`Database.retrying` runs a transaction that keeps losing lock
+conflicts (deadlock, serialization failure) before it gives up with :class:`WriteConflict`."""
+
+CONFLICT_BACKOFF = 0.01
+"""Seconds before the first retry after a lost conflict; doubled each time, jittered ×0.5–1.5
+so the two sides of a deadlock do not meet again in step."""
 
 
 def _json_dumps(value: Any) -> str:
@@ -97,6 +112,24 @@ class Database:
         for kind in wake:
             self.wakeups[kind].notify()
 
+    async def retrying(self, work: Callable[[AsyncConnection], Awaitable[R]]) -> R:
+        """``work(conn)`` in a write transaction; run again (a new transaction, after a short
+        jittered backoff) when PostgreSQL ends it with :class:`WriteConflict`, up to
+        :data:`CONFLICT_ATTEMPTS` times. Such a transaction wrote nothing, so ``work`` must
+        only be safe to run twice in that sense: no effect outside the transaction. Costs
+        nothing when the first attempt commits."""
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                async with self.transaction() as conn:
+                    return await work(conn)
+            except WriteConflict as exc:
+                if attempt == CONFLICT_ATTEMPTS:
+                    raise
+                delay = CONFLICT_BACKOFF * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
+                log.warning("store: %s; retrying the transaction in %.3fs", exc, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """A read-only snapshot."""
@@ -107,11 +140,40 @@ class Database:
         async with self.read() as conn:
             await conn.execute(text("SELECT 1"))
 
+    async def gather_statistics(self, tables: tuple[str, ...]) -> list[str]:
+        """PostgreSQL: ANALYZE each of ``tables`` that has no column statistics yet (call it
+        once they hold rows); the names of those analyzed. Nothing on SQLite.
+
+        A new database has none until autovacuum's first pass (a minute or more, and an
+        immediate restart resets the counters it goes by). Without them the planner cannot
+        tell the indexes of ``runs`` apart: the Idempotency-Key lookup chose
+        ``(workspace_id, mode, run_id)`` over the unique ``(workspace_id, mode,
+        idempotency_key)`` and read every run of the workspace on each accept, which the
+        backlog after a PostgreSQL restart turned into an accept rate that never recovered
+        (issue 19)."""
+        if self.is_sqlite:
+            return []
+        done: list[str] = []
+        async with _translated(), self.writer.connect() as conn:
+            for table in tables:
+                lacking = await conn.scalar(_LACKS_STATISTICS, {"table": table})
+                if lacking:
+                    await conn.execute(text(f'ANALYZE "{table}"'))
+                    done.append(table)
+            await conn.commit()
+        return done
+
     async def dispose(self) -> None:
         await self.writer.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
 
+
+_LACKS_STATISTICS = text(
+    "SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats"
+    " WHERE schemaname = current_schema() AND tablename = :table)"
+)
+"""True for a table PostgreSQL has no column statistics of (never analyzed, or empty)."""
 
 _GONE = (
     OSError,
@@ -131,6 +193,12 @@ _NUL_REFUSED = (
 )
 
 
+_CONFLICT = (
+    asyncpg.exceptions.DeadlockDetectedError,  # 40P01
+    asyncpg.exceptions.SerializationError,  # 40001
+)
+
+
 def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     seen: BaseException | None = exc
     for _ in range(8):
@@ -144,12 +212,17 @@ def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bo
 
 @contextlib.asynccontextmanager
 async def _translated() -> AsyncIterator[None]:
-    """Errors that mean "the database is not there" become :class:`StoreUnavailable`; text
+    """A lost lock conflict (deadlock, serialization failure) becomes :class:`WriteConflict`,
+    which callers may retry; errors that mean "the database is not there" become
+    :class:`StoreUnavailable`; text
     PostgreSQL cannot hold (the NUL character; SQLite keeps it) becomes :class:`InvalidInput`,
     so odd input from outside answers 400 on both backends alike."""
     try:
         yield
     except sa_exc.DBAPIError as exc:
+        if _caused_by(exc, _CONFLICT):
+            state = getattr(exc.orig, "sqlstate", None) or "conflict"
+            raise WriteConflict(f"the transaction lost a lock conflict ({state})") from exc
         if (
             exc.connection_invalidated
             or isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError)

@@ -275,19 +275,40 @@ async def claim_runs(
     return claimed
 
 
+def _held(conn: AsyncConnection, owner: str, run_ids: Sequence[str]) -> Any:
+    """Which of ``run_ids`` ``owner`` holds and has not ended, for a many-row UPDATE's WHERE.
+
+    The lock order rule: a transaction that locks many ``runs`` rows locks them in
+    ``run_id`` order (:func:`apply_progress` reads its rows ``ORDER BY run_id FOR UPDATE``).
+    A plain ``UPDATE … WHERE run_id IN (…)`` locks rows in whatever order its plan visits
+    them (a seq or bitmap scan: the heap's order), so a heartbeat met a group write on the
+    same rows in the opposite order and PostgreSQL killed one of them (deadlock). On
+    PostgreSQL the rows are therefore locked first, sorted, in the subquery; the UPDATE only
+    touches rows it already holds. Same statement, no extra round trip. SQLite has one
+    writer and takes the plain IN list.
+    """
+    ids = list(run_ids)
+    if conn.dialect.name != "postgresql":
+        return and_(runs.c.run_id.in_(ids), runs.c.lease_owner == owner, _CLAIMABLE)
+    ordered = (
+        select(runs.c.run_id)
+        .where(runs.c.run_id.in_(ids), runs.c.lease_owner == owner, _CLAIMABLE)
+        .order_by(runs.c.run_id)
+        .with_for_update()
+    )
+    return runs.c.run_id.in_(ordered.scalar_subquery())
+
+
 async def extend_leases(
     conn: AsyncConnection, *, owner: str, run_ids: Sequence[str], until: datetime
 ) -> int:
-    """Heartbeat: push forward the leases ``owner`` still holds on ``run_ids``."""
+    """Heartbeat: push forward the leases ``owner`` still holds on ``run_ids`` (rows locked
+    in ``run_id`` order, see :func:`_held`)."""
     if not run_ids:
         return 0
     result = await conn.execute(
         update(runs)
-        .where(
-            runs.c.run_id.in_(list(run_ids)),
-            runs.c.lease_owner == owner,
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
-        )
+        .where(_held(conn, owner, run_ids))
         .values(lease_expires_at=until, available_at=until)
     )
     return int(result.rowcount)
@@ -523,20 +544,26 @@ async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: dateti
 
 
 async def hand_back(
-    conn: AsyncConnection, *, owner: str, run_ids: Sequence[str], now: datetime
+    conn: AsyncConnection,
+    *,
+    owner: str,
+    run_ids: Sequence[str],
+    now: datetime,
+    count_claim: bool = False,
 ) -> int:
-    """Give runs this process holds back at once (on shutdown), so another worker takes them
-    without waiting for the lease to run out; the lost-worker count is not raised."""
+    """Give runs this process holds back at once, so another worker takes them without
+    waiting for the lease to run out (rows locked in ``run_id`` order, see :func:`_held`).
+
+    On shutdown the claim does not count as lost. With ``count_claim`` (a run released
+    because its write failed) it does: a run whose writes keep failing ends ``worker_lost``
+    after ``max_claims`` instead of going round for ever."""
     if not run_ids:
         return 0
+    claims = runs.c.claims if count_claim else runs.c.claims - 1
     result = await conn.execute(
         update(runs)
-        .where(
-            runs.c.run_id.in_(list(run_ids)),
-            runs.c.lease_owner == owner,
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
-        )
-        .values(lease_owner=None, lease_expires_at=None, available_at=now, claims=runs.c.claims - 1)
+        .where(_held(conn, owner, run_ids))
+        .values(lease_owner=None, lease_expires_at=None, available_at=now, claims=claims)
     )
     return int(result.rowcount)
 

@@ -395,9 +395,13 @@ async def finish_attempts(
 ) -> None:
     """Complete attempts' log lines and move their deliveries on (pending again, succeeded
     or failed), many in one transaction. A delivery whose lease moved on is left alone; its
-    attempt's line still records what this attempt saw."""
+    attempt's line still records what this attempt saw.
+
+    Rows are written in ``delivery_id`` order: two processes finishing overlapping
+    deliveries lock them in one order, never in opposite ones (the lock order rule)."""
     if not completions:
         return
+    completions = sorted(completions, key=lambda c: c.delivery_id)
     await bulk.update(
         conn,
         deliveries,

@@ -25,8 +25,10 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import partial
 
 import aiohttp
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
 from flowhook.errors import StoreUnavailable
@@ -315,28 +317,7 @@ class Dispatcher:
                 continue
             completions = [c for c, _ in batch]
             try:
-                async with self.db.transaction() as conn:
-                    await store.finish_attempts(conn, completions, owner=self.owner)
-                    # Endpoint health: per endpoint, the last final outcome of the group.
-                    final = {
-                        c.endpoint_id: c
-                        for c in completions
-                        if c.status is not DeliveryStatus.PENDING
-                    }
-                    for c in final.values():
-                        when = c.attempt.finished_at or self.clock.now()
-                        if await store.mark_endpoint_health(
-                            conn,
-                            c.endpoint_id,
-                            succeeded=c.status is DeliveryStatus.SUCCEEDED,
-                            now=when,
-                            disable_before=when - self.disable_after,
-                        ):
-                            log.warning(
-                                "endpoint %s disabled: only failures for %s",
-                                c.endpoint_id,
-                                self.disable_after,
-                            )
+                await self.db.retrying(partial(self._write_completions, completions=completions))
             except Exception as exc:  # noqa: BLE001 - handed to every waiter
                 for _, done in batch:
                     if not done.done():
@@ -345,6 +326,28 @@ class Dispatcher:
             for _, done in batch:
                 if not done.done():
                     done.set_result(None)
+
+    async def _write_completions(
+        self, conn: AsyncConnection, completions: Sequence[store.Completion]
+    ) -> None:
+        """One group commit of finished attempts, and endpoint health: per endpoint, the last
+        final outcome of the group; endpoints in id order (the lock order rule), so two
+        processes marking the same endpoints cannot deadlock."""
+        await store.finish_attempts(conn, completions, owner=self.owner)
+        final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
+        for endpoint_id in sorted(final):
+            c = final[endpoint_id]
+            when = c.attempt.finished_at or self.clock.now()
+            if await store.mark_endpoint_health(
+                conn,
+                c.endpoint_id,
+                succeeded=c.status is DeliveryStatus.SUCCEEDED,
+                now=when,
+                disable_before=when - self.disable_after,
+            ):
+                log.warning(
+                    "endpoint %s disabled: only failures for %s", c.endpoint_id, self.disable_after
+                )
 
     async def _idle_wait(self) -> None:
         timeout = self.poll_interval

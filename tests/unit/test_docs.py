@@ -27,3 +27,39 @@ def test_docs_vector_matches_the_published_vectors() -> None:
         hmac.new(case["secret"].encode(), body, hashlib.sha256).hexdigest()
         == case["x_service_signature"]
     )
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    lines = page.read_text().splitlines()
+    return {_slug(line.lstrip("#")) for line in lines if line.startswith("#")}
+
+
+def test_readme_and_docs_links_resolve_inside_the_repository() -> None:
+    """The repository stands alone: every relative link in the README, docs/ and bench/README
+    names a file of the repository (never one beside it), and its #anchor a heading there."""
+    pages = [
+        ROOT / "README.md",
+        ROOT / "bench" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
+    broken = []
+    for page in pages:
+        for target in _LINK.findall(page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path_part, _, anchor = target.partition("#")
+            dest = (page.parent / path_part).resolve() if path_part else page
+            if not dest.is_relative_to(ROOT) or not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []

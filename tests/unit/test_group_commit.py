@@ -1,4 +1,5 @@
-"""Group commit: one item that makes its batch's commit fail fails alone."""
+"""Group commit: one item that makes its batch's commit fail fails alone; the worker's
+choice of which failed batches to redo item by item."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from flowhook.engine.worker import redo_alone
+from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 
 
@@ -57,3 +60,60 @@ async def test_without_isolation_a_failure_fails_the_whole_batch() -> None:
         with pytest.raises(Bad):
             await future
     assert ledger.rows == [0]
+
+
+class Flaky:
+    """A commit that fails every batch of more than one item with ``error`` (as a batch
+    that lost its lock conflicts over and over), and any batch holding a negative number."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.rows: list[int] = []
+        self.batches: list[list[int]] = []
+
+    async def commit(self, batch: Sequence[int]) -> list[int | BaseException]:
+        self.batches.append(list(batch))
+        await asyncio.sleep(0)
+        if len(batch) > 1:
+            raise self.error
+        if batch[0] < 0:
+            raise Bad("negative")
+        self.rows.extend(batch)
+        return [n * 10 for n in batch]
+
+
+async def _submit_batch(group: GroupCommit[int, int], items: list[int]) -> list[object]:
+    first = asyncio.ensure_future(group.submit(0))  # commits alone; the rest share a batch
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(group.submit(n)) for n in items]
+    return list(await asyncio.gather(first, *rest, return_exceptions=True))
+
+
+def test_a_worker_redoes_a_batch_run_by_run_unless_the_connection_was_lost() -> None:
+    assert redo_alone(WriteConflict("lost a lock conflict (40P01)"))
+    assert redo_alone(RuntimeError("one run's bad value"))
+    assert not redo_alone(StoreUnavailable("the database cannot be reached"))
+    assert not redo_alone(asyncio.CancelledError())
+
+
+async def test_a_batch_that_keeps_losing_conflicts_is_redone_item_by_item() -> None:
+    """No item is dropped with its batch: each is committed on its own, and only the item
+    that fails alone gets an error."""
+    flaky = Flaky(WriteConflict("the transaction lost a lock conflict (40P01)"))
+    group: GroupCommit[int, int] = GroupCommit(flaky.commit, isolate=redo_alone)
+    results = await _submit_batch(group, [1, 2, -3, 4])
+    assert results[:3] == [0, 10, 20]
+    assert isinstance(results[3], Bad)
+    assert results[4] == 40
+    assert sorted(flaky.rows) == [0, 1, 2, 4]
+    assert [1, 2, -3, 4] in flaky.batches
+
+
+async def test_a_batch_whose_connection_was_lost_is_not_redone() -> None:
+    """Its COMMIT may have landed: redoing the items could apply them twice."""
+    flaky = Flaky(StoreUnavailable("the database cannot be reached"))
+    group: GroupCommit[int, int] = GroupCommit(flaky.commit, isolate=redo_alone)
+    results = await _submit_batch(group, [1, 2])
+    assert results[0] == 0
+    assert all(isinstance(r, StoreUnavailable) for r in results[1:])
+    assert flaky.batches == [[0], [1, 2]]
