@@ -44,3 +44,12 @@ def count(ctx: flowhook.StepContext) -> dict[str, Any]:
 @flowhook.step("not_json")
 def not_json(ctx: flowhook.StepContext) -> Any:
     return {"value": object()}
+
+
+@flowhook.step("stall_once")
+async def stall_once(ctx: flowhook.StepContext) -> dict[str, Any]:
+    """Hangs on its first call for a run (a test kills the attempt meanwhile), answers after."""
+    CALLS[ctx.run_id] = CALLS.get(ctx.run_id, 0) + 1
+    if CALLS[ctx.run_id] == 1:
+        await asyncio.sleep(3600)
+    return {"attempt": ctx.attempt}

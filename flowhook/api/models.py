@@ -58,8 +58,17 @@ class RunAccepted(BaseModel):
 class StepRecord(BaseModel):
     id: str
     type: str
-    status: str
-    attempts: int
+    status: str = Field(
+        description="running (an attempt under way), waiting, retrying, completed, failed "
+        "or skipped."
+    )
+    attempts: int = Field(description="Attempts started, interrupted ones included.")
+    interrupted_attempts: list[int] = Field(
+        default_factory=list,
+        description="The numbers of the attempts that started and never recorded an outcome "
+        "(the process stopped, or the run was cancelled, during them): they may have had "
+        "their effect.",
+    )
     started_at: str | None
     finished_at: str | None
     duration_ms: int | None
@@ -119,6 +128,7 @@ def _step(step: RunStep) -> dict[str, Any]:
         "type": step.type,
         "status": str(step.status),
         "attempts": step.attempts,
+        "interrupted_attempts": list(step.interrupted),
         "started_at": ts(step.started_at),
         "finished_at": ts(step.finished_at),
         "duration_ms": step.duration_ms,

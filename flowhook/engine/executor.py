@@ -7,6 +7,14 @@ gives the same result, so nothing is lost by committing late. Before any other s
 committed right after it, so a finished step never runs twice. Every commit is guarded by
 the lease, so a worker that lost its run cannot overwrite the one that took over.
 
+A step with effects outside (``http``, ``python``) has its attempt's start recorded (step
+status ``running``) in the commit before it; when the next step is such a step too, the
+result of the one before rides in that same commit. A crash mid-attempt leaves the
+``running`` record behind: the next worker runs the step again as the next attempt and
+lists the one cut short in the step's ``interrupted``. Interrupted attempts do not use up
+the step's ``retry`` budget. A run that ends while such an attempt is open (cancelled, timed
+out, lost its worker too often) records the step failed.
+
 A delay or a retry backoff releases the run: it is written back with ``available_at`` at its
 wake-up time and no lease, and any worker claims it then.
 """
@@ -109,6 +117,9 @@ class Executor:
         """Runs whose step is in flight now: the ones a cancel may interrupt."""
         self.cancelling: set[str] = set()
         """Runs whose task the worker cancelled because a cancel was requested."""
+        self._open: dict[str, tuple[RunStep, bool]] = {}
+        """Per run: its step whose ``running`` record is committed and has no outcome yet, and
+        whether a crash already cut that attempt short (found so on a resumed run)."""
 
     async def _apply_alone(self, progress: runs_store.Progress) -> bool:
         async with self._db.transaction() as conn:
@@ -171,9 +182,12 @@ class Executor:
         finally:
             self.in_step.discard(run.run_id)
             self.cancelling.discard(run.run_id)
+            self._open.pop(run.run_id, None)
 
     async def _execute(self, run: Run) -> RunStatus | None:
         if run.cancel_requested_at is not None:
+            if run.status is RunStatus.RUNNING:
+                await self._load_earlier(run)
             return await self._cancel(run)
         compiled = await self._compiled(run)
         if compiled is not None and compiled.concurrency is not None:
@@ -186,6 +200,8 @@ class Executor:
                         conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
                     )
                 return run.status
+        # resumed: what earlier claims recorded
+        earlier = await self._load_earlier(run) if run.status is RunStatus.RUNNING else {}
         pending = _Pending()
         now = self._clock.now()
         if run.status is RunStatus.QUEUED:
@@ -218,14 +234,9 @@ class Executor:
             "steps": {},
             "run": {"id": run.run_id, "flow_id": run.flow_id, "trigger": run.trigger},
         }
-        earlier: dict[int, RunStep] = {}
-        if run.status is RunStatus.RUNNING:  # resumed: load what earlier claims recorded
-            async with self._db.read() as conn:
-                done = await runs_store.get_run_by_id(conn, run.run_id)
-            for s in done.steps if done else []:
-                earlier[s.idx] = s
-                if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
-                    ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+        for s in earlier.values():
+            if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+                ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
 
         idx = run.next_step
         skip_to: str | None = None
@@ -259,8 +270,13 @@ class Executor:
                 self._record(run, pending, ctx, record, will_retry=False)
                 idx += 1
                 continue
-            attempt = prior.attempts + 1 if prior and prior.status is StepStatus.RETRYING else 1
-            if not step.pure and pending:
+            attempt, interrupted = _next_attempt(prior)
+            if step.external:
+                marker = RunStep(idx, step.id, step.type, StepStatus.RUNNING, attempt, now)
+                marker.interrupted = interrupted
+                await self._begin(run, pending, marker)
+                pending = _Pending()
+            elif not step.pure and pending:
                 await self._commit(run, pending, idx)
                 pending = _Pending()
 
@@ -292,6 +308,7 @@ class Executor:
                 )
             finally:
                 self.in_step.discard(run.run_id)
+            self._open.pop(run.run_id, None)
             _check_output(outcome, self._max_output)
             finished = self._clock.now()
 
@@ -311,7 +328,8 @@ class Executor:
                 return await self._release(run, pending, idx, min(outcome.wait_until, deadline))
 
             if outcome.error is not None:
-                delay = backoff_seconds(step.retry, attempt)
+                # an interrupted attempt does not use up the retry budget
+                delay = backoff_seconds(step.retry, attempt - len(interrupted))
                 if delay is not None:
                     record = RunStep(
                         idx,
@@ -324,6 +342,7 @@ class Executor:
                         _ms(started, finished),
                         outcome.output,
                         outcome.error,
+                        interrupted,
                     )
                     pending.events.append(self._step_event(run, record, finished, will_retry=True))
                     pending.steps.append(record)
@@ -341,6 +360,7 @@ class Executor:
                 duration_ms=_ms(started, finished),
                 output=outcome.output,
                 error=outcome.error,
+                interrupted=interrupted,
             )
             self._record(run, pending, ctx, record, will_retry=False)
             idx += 1
@@ -354,9 +374,11 @@ class Executor:
                 break
             if outcome.action == "goto":
                 skip_to = outcome.target
-            if not step.pure:
+            following = compiled.steps[idx] if idx < len(compiled.steps) else None
+            if not step.pure and not (skip_to is None and following and following.external):
                 await self._commit(run, pending, idx)
                 pending = _Pending()
+            # else the commit that records the next step's start records this result too
 
         output = None
         if compiled.output is not None:
@@ -401,6 +423,54 @@ class Executor:
         payload["output"] = step.output
         return self._event(run, "flow.step_completed", payload, now)
 
+    async def _load_earlier(self, run: Run) -> dict[int, RunStep]:
+        """The step records of a resumed run, by index; notes a ``running`` one, which a
+        crash cut short."""
+        async with self._db.read() as conn:
+            done = await runs_store.get_run_by_id(conn, run.run_id)
+        earlier = {s.idx: s for s in done.steps} if done else {}
+        for s in earlier.values():
+            if s.status is StepStatus.RUNNING:
+                self._open[run.run_id] = (s, True)
+        return earlier
+
+    async def _begin(self, run: Run, pending: _Pending, marker: RunStep) -> None:
+        """Commit what is pending with the start of an external step's attempt (``marker``,
+        status ``running``), before the attempt runs."""
+        pending.steps.append(marker)
+        await self._commit(run, pending, marker.idx)
+        self._open[run.run_id] = (marker, False)
+
+    def _close_open(
+        self, run: Run, pending: _Pending, now: datetime, error: dict[str, Any] | None, *, cut: bool
+    ) -> None:
+        """The run ends while a step's attempt has no outcome (its record says ``running``):
+        record that step failed with ``error``. The attempt counts as interrupted when ``cut``
+        or when a crash cut it."""
+        found = self._open.pop(run.run_id, None)
+        if found is None:  # e.g. the run as read after its result's write lost to a cancel
+            left = [s for s in run.steps if s.status is StepStatus.RUNNING]
+            found = (left[0], True) if left else None
+        if found is None or any(s.idx == found[0].idx for s in pending.steps):
+            return
+        step, crashed = found
+        started = step.started_at or now
+        pending.steps.append(
+            RunStep(
+                step.idx,
+                step.step_id,
+                step.type,
+                StepStatus.FAILED,
+                step.attempts,
+                started,
+                now,
+                _ms(started, now),
+                None,
+                {k: v for k, v in (error or {}).items() if k != "step"} or None,
+                (*step.interrupted, step.attempts) if cut or crashed else step.interrupted,
+            )
+        )
+
     async def _commit(self, run: Run, pending: _Pending, next_step: int, **extra: Any) -> None:
         values = {
             **pending.values,
@@ -419,6 +489,7 @@ class Executor:
             pending,
             idx,
             available_at=wake,
+            due_at=wake,
             lease_owner=None,
             lease_expires_at=None,
             claims=0,
@@ -443,6 +514,7 @@ class Executor:
     ) -> RunStatus:
         now = self._clock.now()
         duration = _ms(run.started_at or now, now)
+        self._close_open(run, pending, now, error, cut=False)
         values: dict[str, Any] = {
             **pending.values,
             "steps_executed": run.steps_executed,
@@ -500,9 +572,24 @@ class Executor:
             now,
         )
         values = {"finished_at": now, "duration_ms": duration}
-        await self._write(run, ((RunStatus.CANCELLED, values, False),), [], [event])
+        pending = _Pending()
+        stopped = {"type": "cancelled", "message": "the run was cancelled during this step"}
+        self._close_open(run, pending, now, stopped, cut=True)
+        await self._write(run, ((RunStatus.CANCELLED, values, False),), pending.steps, [event])
         metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
+
+
+def _next_attempt(prior: RunStep | None) -> tuple[int, tuple[int, ...]]:
+    """The number of a step's next attempt, and its attempts interrupted so far, from its
+    record (``None`` before its first attempt)."""
+    if prior is None:
+        return 1, ()
+    if prior.status is StepStatus.RUNNING:  # the attempt in flight at a crash
+        return prior.attempts + 1, (*prior.interrupted, prior.attempts)
+    if prior.status is StepStatus.RETRYING:
+        return prior.attempts + 1, prior.interrupted
+    return 1, ()
 
 
 def _output_problem(output: Any, limit: int) -> str | None:

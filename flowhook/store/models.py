@@ -68,6 +68,10 @@ def sources_of(target: RunStatus) -> list[str]:
 
 
 class StepStatus(enum.StrEnum):
+    RUNNING = "running"
+    """An attempt that talks to the outside world (``http``, ``python``) is under way; its
+    start is committed before it runs, so a crash leaves this behind, and the next attempt
+    counts this one as interrupted."""
     WAITING = "waiting"
     """A delay step until its time comes (``output.until``)."""
     RETRYING = "retrying"
@@ -120,6 +124,8 @@ class RunStep:
     duration_ms: int | None = None
     output: Any = None
     error: dict[str, Any] | None = None
+    interrupted: tuple[int, ...] = ()
+    """The attempts that started and never recorded an outcome (by number)."""
 
 
 @dataclass(slots=True)

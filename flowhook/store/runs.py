@@ -3,7 +3,9 @@
 The queue is the ``runs`` table: a run is claimable while its status is queued or running and
 ``available_at`` has passed. A claim sets ``lease_owner`` and moves ``available_at`` to the end
 of the lease, so a run whose worker dies becomes claimable again when its lease runs out,
-and the claim query needs no separate lease test. Heartbeats push both forward.
+and the claim query needs no separate lease test. Heartbeats push both forward. Claims take
+runs in the order they fell due (``due_at``: queued, or woken from a delay or a backoff),
+which neither moves, so a run whose worker died goes before the runs that fell due after it.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def _step(row: Any) -> RunStep:
         duration_ms=row.duration_ms,
         output=row.output,
         error=row.error,
+        interrupted=tuple(row.interrupted or ()),
     )
 
 
@@ -145,6 +148,7 @@ async def insert_runs(
                 "payload": run.payload if payloads is None else payloads[i],
                 "queued_at": run.queued_at,
                 "available_at": run.queued_at,
+                "due_at": run.queued_at,
                 "idempotency_key": key,
                 "request_hash": digest,
             }
@@ -236,17 +240,25 @@ async def claim_runs(
 ) -> list[Run]:
     """Claim up to ``limit`` due runs for ``owner`` under a lease ending at ``lease_until``.
 
+    Runs are taken in the order they fell due (``due_at``), which claims and heartbeats do
+    not move: a run whose worker died is taken in its place once its lease ends, instead of
+    behind every run queued meanwhile (``available_at`` is the lease's end by then). The
+    index on ``due_at`` is read in order; the runs under a live lease at its head are
+    passed over (at most the runs held now).
+
     PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
     writer, so the same statement inside its write transaction is enough.
     """
     due = (
         select(runs.c.run_id)
-        .where(_CLAIMABLE, runs.c.available_at <= now)
-        .order_by(runs.c.available_at)
+        .where(_CLAIMABLE, runs.c.due_at <= now, runs.c.available_at <= now)
+        .order_by(runs.c.due_at)
         .limit(limit)
     )
     if conn.dialect.name == "postgresql":
         due = due.with_for_update(skip_locked=True)
+    else:
+        due = due.with_hint(runs, "INDEXED BY ix_runs_due_at", "sqlite")
     stmt = (
         update(runs)
         .where(runs.c.run_id.in_(due.scalar_subquery()))
@@ -339,6 +351,7 @@ async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep
                 "duration_ms": s.duration_ms,
                 "output": s.output,
                 "error": s.error,
+                "interrupted": list(s.interrupted) or None,
             }
             for run_id, s in rows
         ],
@@ -518,6 +531,7 @@ async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: dateti
         .where(runs.c.run_id == run_id, runs.c.lease_owner == owner)
         .values(
             available_at=until,
+            due_at=until,
             lease_owner=None,
             lease_expires_at=None,
             claims=func.max(runs.c.claims - 1, 0)

@@ -113,6 +113,10 @@ runs = Table(
     # Queue columns: a run is claimable while queued or running and available_at has passed
     # and no live lease holds it.
     Column("available_at", UTCDateTime(), nullable=False),
+    # When the run last fell due (queued, woken from a delay or a backoff): claims and
+    # heartbeats move available_at, never this, so a run claimed again after its lease ended
+    # is taken in its place instead of behind the work queued meanwhile.
+    Column("due_at", UTCDateTime(), nullable=False),
     Column("lease_owner", String(64)),
     Column("lease_expires_at", UTCDateTime()),
     Column("claims", Integer, nullable=False, server_default=text("0")),
@@ -123,6 +127,12 @@ runs = Table(
     Index(
         "ix_runs_claimable",
         "available_at",
+        postgresql_where=text("status IN ('queued', 'running')"),
+        sqlite_where=text("status IN ('queued', 'running')"),
+    ),
+    Index(
+        "ix_runs_due_at",
+        "due_at",
         postgresql_where=text("status IN ('queued', 'running')"),
         sqlite_where=text("status IN ('queued', 'running')"),
     ),
@@ -144,6 +154,9 @@ run_steps = Table(
     Column("duration_ms", BigInteger),
     Column("output", JSONType),
     Column("error", JSONType),
+    # The numbers of the attempts that started and never recorded an outcome (the process
+    # died, or the run was cancelled meanwhile); null when none.
+    Column("interrupted", JSONType),
 )
 
 events = Table(
@@ -208,6 +221,9 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Due time while pending; moved to the lease's end while an attempt is under way.
     Column("next_attempt_at", UTCDateTime(), nullable=False),
+    # When the current attempt fell due; claims do not move it, so a delivery claimed again
+    # after its lease ended is taken in its place instead of behind the backlog.
+    Column("due_at", UTCDateTime(), nullable=False),
     Column("lease_owner", String(64)),
     Column("lease_expires_at", UTCDateTime()),
     Column("last_status_code", Integer),
@@ -218,6 +234,12 @@ deliveries = Table(
     Index(
         "ix_deliveries_due",
         "next_attempt_at",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+    Index(
+        "ix_deliveries_due_at",
+        "due_at",
         postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),

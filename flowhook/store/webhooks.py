@@ -2,7 +2,10 @@
 
 Deliveries are their own queue, like runs: a pending delivery is due at ``next_attempt_at``;
 a claim moves ``next_attempt_at`` to the end of the lease so a delivery whose process died is
-tried again once the lease runs out, with the same event id.
+tried again once the lease runs out, with the same event id. Claims take deliveries in the
+order they fell due (``due_at``, which claims do not move), so one claimed again after a
+crash goes before the deliveries that fell due after it, and the attempt the crash cut short
+is marked ``interrupted`` in the attempt log.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "subscribers",
     "insert_deliveries",
     "claim_deliveries",
+    "INTERRUPTED",
     "Completion",
     "finish_attempts",
     "get_delivery",
@@ -53,7 +57,11 @@ DELIVERY_CHANNEL = "flowhook_deliveries"
 _EP = webhook_endpoints.c
 _D = deliveries.c
 _DUE = text("deliveries.status = 'pending'")
-"""Written out, not bound, so the partial index ix_deliveries_due always applies."""
+"""Written out, not bound, so the partial indexes on due deliveries always apply."""
+
+INTERRUPTED = "interrupted"
+"""``error_class`` of an attempt whose process stopped before it recorded an outcome (the
+webhook may or may not have arrived); set when the delivery is claimed again."""
 
 
 def _endpoint(row: Any, events_of: list[str], box: SecretBox) -> Endpoint:
@@ -192,6 +200,7 @@ async def insert_deliveries(conn: AsyncConnection, rows: Sequence[dict[str, Any]
     """Queue deliveries; PostgreSQL listeners hear of them at commit."""
     if not rows:
         return
+    rows = [{**r, "due_at": r.get("due_at", r["next_attempt_at"])} for r in rows]
     await bulk.insert(conn, deliveries, rows)
     conn.info.setdefault("wake", set()).add("deliveries")
     if conn.dialect.name == "postgresql":
@@ -232,30 +241,38 @@ async def claim_deliveries(
     none of the endpoints this process already has at its cap: one dead endpoint cannot fill
     the batch. The guarded UPDATE makes a row claimed by two processes go to one.
 
+    "Oldest" is by the time a delivery fell due (``due_at``), not ``next_attempt_at``, which
+    the claim moves to the lease's end: a delivery whose process died is taken in its place
+    when its lease ends, not behind everything that fell due meanwhile. The attempt that
+    process left open is marked :data:`INTERRUPTED`.
+
     The per-endpoint ranking looks at the oldest due deliveries only (a window twice
-    the batch, read in order from the partial index on due deliveries), so a claim does not
-    sort the whole backlog: with 5,000 due it took 8 ms, most of the dispatcher's time.
+    the batch, read in order from the partial index on ``due_at``, passing over the ones
+    under a live lease), so a claim does not sort the whole backlog: with 5,000 due it took
+    8 ms, most of the dispatcher's time.
     """
     window = (
-        select(_D.id, _D.endpoint_id, _D.next_attempt_at)
-        .where(_DUE, _D.next_attempt_at <= now)
-        .order_by(_D.next_attempt_at)
+        select(_D.id, _D.endpoint_id, _D.due_at)
+        .where(_DUE, _D.due_at <= now, _D.next_attempt_at <= now)
+        .order_by(_D.due_at)
         .limit(2 * limit)
     )
+    if conn.dialect.name == "sqlite":
+        window = window.with_hint(deliveries, "INDEXED BY ix_deliveries_due_at", "sqlite")
     if busy_endpoints:
         window = window.where(_D.endpoint_id.not_in(list(busy_endpoints)))
     oldest = window.subquery()
     ranked_sq = select(
         oldest.c.id,
-        oldest.c.next_attempt_at,
+        oldest.c.due_at,
         func.row_number()
-        .over(partition_by=oldest.c.endpoint_id, order_by=oldest.c.next_attempt_at)
+        .over(partition_by=oldest.c.endpoint_id, order_by=oldest.c.due_at)
         .label("rank"),
     ).subquery()
     due = (
         select(ranked_sq.c.id)
         .where(ranked_sq.c.rank <= per_endpoint)
-        .order_by(ranked_sq.c.next_attempt_at)
+        .order_by(ranked_sq.c.due_at)
         .limit(limit)
     )
     ids = list((await conn.execute(due)).scalars())
@@ -279,6 +296,7 @@ async def claim_deliveries(
     claimed_ids = [r.id for r in claimed]
     if not claimed_ids:
         return []
+    await _mark_interrupted(conn, [r.id for r in claimed if r.attempts > 1])
     # Every attempt is logged before it is sent: its line is written with the claim.
     await bulk.insert(
         conn,
@@ -327,6 +345,27 @@ async def claim_deliveries(
     ]
 
 
+async def _mark_interrupted(conn: AsyncConnection, delivery_ids: Sequence[str]) -> None:
+    """Mark the attempts of ``delivery_ids`` that never recorded an outcome as interrupted:
+    they are claimed again, so no process is sending them any more (a late answer from one
+    that is still overwrites the mark with what it saw)."""
+    if not delivery_ids:
+        return
+    await conn.execute(
+        update(delivery_attempts)
+        .where(
+            delivery_attempts.c.delivery_id.in_(list(delivery_ids)),
+            delivery_attempts.c.finished_at.is_(None),
+            delivery_attempts.c.error_class.is_(None),
+        )
+        .values(
+            error_class=INTERRUPTED,
+            error_detail="the process sending this attempt stopped before it recorded an "
+            "answer; the webhook may or may not have arrived",
+        )
+    )
+
+
 async def renew_delivery_lease(
     conn: AsyncConnection, delivery_id: str, *, owner: str, until: datetime
 ) -> bool:
@@ -373,6 +412,7 @@ async def finish_attempts(
                     "last_status_code": c.attempt.status_code,
                     "last_error": c.last_error,
                     "next_attempt_at": c.next_attempt_at or c.attempt.finished_at,
+                    "due_at": c.next_attempt_at or c.attempt.finished_at,
                     "finished_at": None
                     if c.status is DeliveryStatus.PENDING
                     else c.attempt.finished_at,

@@ -1,5 +1,6 @@
 """`kill -9` of the serving process during a delay and during a step, then a restart: the run
-completes and no step that had finished runs again."""
+completes, no step that had finished runs again, and the attempt the kill cut short shows as
+interrupted."""
 
 from __future__ import annotations
 
@@ -94,3 +95,11 @@ def test_kill_9_then_restart_completes_the_run(
     assert run["status"] == "completed", run
     assert [s["status"] for s in run["steps"]] == ["completed"] * 4
     assert counts(marks, run_id) == {"first": 1, "last": 1}
+    # the python step in flight at the kill ran again as attempt 2, the first interrupted
+    expected = (2, [1]) if crash_during == "step" else (1, [])
+    assert [(s["attempts"], s["interrupted_attempts"]) for s in run["steps"]] == [
+        (1, []),
+        (1, []),
+        expected,
+        (1, []),
+    ]

@@ -1,5 +1,6 @@
 """`kill -9` of the serving process in the middle of a webhook attempt loses no delivery: after
-a restart the same event (same id, same bytes) is delivered once the attempt's lease ends."""
+a restart the same event (same id, same bytes) is delivered once the attempt's lease ends,
+and the attempt the kill cut short shows as interrupted in the attempt log."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def test_kill_9_mid_attempt_then_restart_delivers(tmp_path: Path, database_url: 
                 return [d for d in data if d["status"] == "succeeded"]
 
             [delivery] = wait_for(succeeded)
+            detail = client.get(f"/api/v1/webhooks/deliveries/{delivery['id']}").json()
     finally:
         receiver.shutdown()
         receiver.server_close()
@@ -96,3 +98,6 @@ def test_kill_9_mid_attempt_then_restart_delivers(tmp_path: Path, database_url: 
         "2",
     )
     assert delivery["attempts"] == 2
+    first_line, second_line = detail["attempt_log"]
+    assert (first_line["error_class"], first_line["finished_at"]) == ("interrupted", None)
+    assert (second_line["status_code"], second_line["error_class"]) == (200, None)

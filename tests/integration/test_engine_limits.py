@@ -76,6 +76,7 @@ class _Raising:
 
     type = "transform"
     pure = True
+    external = False
     timeout = None
 
     def __init__(self, step_id: str, retry: dict[str, Any] | None) -> None:

@@ -51,6 +51,9 @@ class Step(Protocol):
     pure: bool
     """A pure step gives the same result when run again, so its result may be committed
     together with the steps after it."""
+    external: bool
+    """A step with effects outside (``http``, ``python``): the start of each attempt is
+    committed before it runs, so an attempt a crash interrupts shows in the run's record."""
     timeout: float | None
     retry: dict[str, Any] | None
 

@@ -17,6 +17,7 @@ __all__ = ["ConditionStep"]
 class ConditionStep:
     type = "condition"
     pure = True
+    external = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]

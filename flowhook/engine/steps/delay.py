@@ -16,6 +16,7 @@ __all__ = ["DelayStep"]
 class DelayStep:
     type = "delay"
     pure = False
+    external = False
     timeout = None
     retry = None
 

@@ -13,6 +13,7 @@ __all__ = ["FailStep"]
 class FailStep:
     type = "fail"
     pure = True
+    external = False
     timeout = None
     retry = None
 

@@ -28,6 +28,7 @@ DEFAULT_TIMEOUT = 30.0
 class HttpStep:
     type = "http"
     pure = False
+    external = True
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]

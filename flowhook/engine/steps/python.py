@@ -18,6 +18,7 @@ __all__ = ["PythonStep"]
 class PythonStep:
     type = "python"
     pure = False
+    external = True
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]

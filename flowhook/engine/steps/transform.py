@@ -13,6 +13,7 @@ __all__ = ["TransformStep"]
 class TransformStep:
     type = "transform"
     pure = True
+    external = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.id: str = spec["id"]
