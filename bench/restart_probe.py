@@ -219,9 +219,9 @@ async def prefill(url: str, n: int) -> None:
     try:
         await conn.execute(
             "INSERT INTO runs (run_id, workspace_id, mode, flow_id, flow_version, trigger,"
-            " status, payload, queued_at, available_at, idempotency_key, request_hash)"
+            " status, payload, queued_at, available_at, due_at, idempotency_key, request_hash)"
             " SELECT 'run_prefill' || lpad(i::text, 20, '0'), k.workspace_id, k.mode,"
-            " 'wf_prefill', 1, 'api', 'completed', '{}', now(), now(), md5(i::text),"
+            " 'wf_prefill', 1, 'api', 'completed', '{}', now(), now(), now(), md5(i::text),"
             " md5(i::text) FROM generate_series(1, $1) i,"
             " (SELECT workspace_id, mode FROM api_keys LIMIT 1) k",
             n,

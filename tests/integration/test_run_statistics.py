@@ -91,9 +91,9 @@ async def test_accepting_runs_gathers_the_statistics_the_idempotency_lookup_need
         # A database that took load before anything analyzed it.
         await conn.execute(
             "INSERT INTO runs (run_id, workspace_id, mode, flow_id, flow_version, trigger,"
-            " status, payload, queued_at, available_at, idempotency_key, request_hash)"
+            " status, payload, queued_at, available_at, due_at, idempotency_key, request_hash)"
             " SELECT 'run_old' || i, $1, 'test', $2, 1, 'api', 'completed', '{}', now(),"
-            " now(), md5(i::text), md5(i::text) FROM generate_series(1, 5000) i",
+            " now(), now(), md5(i::text), md5(i::text) FROM generate_series(1, 5000) i",
             who.workspace_id,
             flow.flow_id,
         )
