@@ -665,7 +665,11 @@ class DbState:
     """run_id → status."""
     pending_deliveries: int
     open_attempts: int
-    """Delivery attempts started and never finished."""
+    """Delivery attempts started and never finished, nor marked interrupted: none may be
+    left once every delivery is done (a cut attempt is marked when its delivery is claimed
+    again)."""
+    interrupted_attempts: int
+    """Delivery attempts a dead process cut short, marked ``interrupted``."""
     call_attempts: dict[str, int]
     """run_id → attempts recorded for the http step."""
     failed_attempts: dict[str, set[int]]
@@ -679,12 +683,13 @@ class DbState:
 STATE_SQL = (
     "SELECT run_id, status FROM runs",
     "SELECT count(*) FROM deliveries WHERE status = 'pending'",
-    "SELECT count(*) FROM delivery_attempts WHERE finished_at IS NULL",
+    "SELECT count(*) FROM delivery_attempts WHERE finished_at IS NULL AND error_class IS NULL",
     "SELECT run_id, attempts FROM run_steps WHERE step_id = 'call'",
     "SELECT d.event_id, a.number FROM delivery_attempts a JOIN deliveries d"
     " ON d.id = a.delivery_id WHERE a.error_class = 'timeout'",
     "SELECT d.event_id, a.number FROM delivery_attempts a JOIN deliveries d"
     " ON d.id = a.delivery_id WHERE a.finished_at IS NULL OR a.error_class = 'interrupted'",
+    "SELECT count(*) FROM delivery_attempts WHERE error_class = 'interrupted'",
 )
 
 
@@ -715,7 +720,13 @@ async def read_state(database_url: str) -> DbState:
     for event_id, number in rows[5]:
         cut.setdefault(event_id, set()).add(int(number))
     return DbState(
-        dict(rows[0]), int(rows[1][0][0]), int(rows[2][0][0]), dict(rows[3]), failed, cut
+        dict(rows[0]),
+        int(rows[1][0][0]),
+        int(rows[2][0][0]),
+        int(rows[6][0][0]),
+        dict(rows[3]),
+        failed,
+        cut,
     )
 
 
@@ -995,6 +1006,7 @@ def analyse(
         "duplicate_webhooks_after_failed_attempt": retried,
         "duplicate_webhooks_unexplained": len(dups) - dups_explained,
         "open_delivery_attempts": state.open_attempts,
+        "interrupted_delivery_attempts": state.interrupted_attempts,
         "statuses": dict(load.statuses),
         "other_5xx": other_5xx,
         "503": load.statuses.get("503", 0),
@@ -1030,6 +1042,11 @@ def verdict(report: dict[str, Any]) -> list[str]:
         )
     if report["bad_signatures"]:
         problems.append(f"{report['bad_signatures']} webhooks with a bad signature")
+    if report["open_delivery_attempts"] and not report["deliveries_pending_at_end"]:
+        problems.append(
+            f"{report['open_delivery_attempts']} delivery attempts left open (neither finished"
+            " nor marked interrupted)"
+        )
     if report["missing_webhooks"]:
         pending = report["deliveries_pending_at_end"]
         problems.append(
@@ -1059,7 +1076,8 @@ def print_report(report: dict[str, Any]) -> None:
          f"{r['duplicate_webhooks_explained']} / {r['duplicate_webhooks_unexplained']}"),
         ("  of the explained: retries of an attempt logged failed",
          r["duplicate_webhooks_after_failed_attempt"]),
-        ("delivery attempts left open", r["open_delivery_attempts"]),
+        ("delivery attempts left open / marked interrupted",
+         f"{r['open_delivery_attempts']} / {r['interrupted_delivery_attempts']}"),
         ("deadlocks (pg_stat_database / log)", f"{r['deadlocks']} / {r['deadlocks_logged']}"),
         ("'unexpected error' lines logged", r["engine_errors_logged"]),
         ("5xx other than 503", r["other_5xx"]),

@@ -81,7 +81,7 @@ def test_a_duplicate_webhook_is_explained_by_a_timeout_or_a_cut_attempt_and_a_ki
         "evt_finished": [Call(10.0, 7, attempt=1), Call(40.0, 9, attempt=1)],
         "evt_once": [Call(10.0, 7, attempt=1)],
     }
-    state = DbState({}, 0, 1, {}, {"evt_timeout": {1}}, {"evt_cut": {1}})
+    state = DbState({}, 0, 0, 1, {}, {"evt_timeout": {1}}, {"evt_cut": {1}})
     out = {d["id"]: d["explained_by"] for d in duplicate_webhooks(hooks, [kill], state)}
     assert out["evt_timeout"]["kind"] == "retry_after_timeout"
     assert out["evt_cut"]["kind"] == "kill"  # sent, never finished, its sender killed
