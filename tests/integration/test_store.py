@@ -22,6 +22,7 @@ from flowhook.store.db import Database
 from flowhook.store.migrate import current_revision, head_revision, migrate
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.tables import metadata, runs
+from tests.support import TEST_SECRET_KEY
 
 FLOW: dict[str, Any] = {
     "name": "s",
@@ -247,3 +248,36 @@ async def test_a_group_commit_applies_each_run_or_nothing_of_it(
     for run in left:
         assert run is not None and run.status is RunStatus.QUEUED and run.steps == []
     assert others == [[], []]
+
+
+async def test_migration_0008_gives_claimable_rows_their_due_time(tmp_path: Any) -> None:
+    """Upgrading a database that holds runs: a queued run keeps its place in the queue (its
+    ``due_at`` is when it fell due), a finished one is left alone."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    old = Database(f"sqlite:///{path}", secret_key=TEST_SECRET_KEY)
+    await migrate(old, "0007")
+    await old.dispose()
+    raw = sqlite3.connect(path)
+    raw.execute("INSERT INTO workspaces (id, name, created_at) VALUES ('ws', 'ws', '2026-01-01')")
+    for run_id, status, available in (
+        ("run_a", "queued", "2026-01-02 00:00:00.000000"),
+        ("run_b", "completed", "2026-01-03 00:00:00.000000"),
+    ):
+        raw.execute(
+            "INSERT INTO runs (run_id, workspace_id, mode, flow_id, flow_version, trigger, status,"
+            " payload, queued_at, available_at, claims, steps_executed, next_step)"
+            " VALUES (?, 'ws', 'test', 'wf_x', 1, 'api', ?, '{}', '2026-01-01', ?, 0, 0, 0)",
+            (run_id, status, available),
+        )
+    raw.commit()
+    raw.close()
+    new = Database(f"sqlite:///{path}", secret_key=TEST_SECRET_KEY)
+    await migrate(new)
+    await new.dispose()
+    raw = sqlite3.connect(path)
+    due = dict(raw.execute("SELECT run_id, due_at FROM runs").fetchall())
+    raw.close()
+    assert due["run_a"] == "2026-01-02 00:00:00.000000"
+    assert due["run_b"].startswith("1970-01-01")

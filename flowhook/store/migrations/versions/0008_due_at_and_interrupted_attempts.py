@@ -8,9 +8,11 @@ claim no longer overwrites (it moves ``available_at`` / ``next_attempt_at`` to t
 end), so work claimed again after a crash is taken in its place, not behind the backlog.
 ``run_steps.interrupted`` lists the attempts of a step that started and never finished.
 
-The new columns are added with a constant default, so no table is rewritten (SQLite keeps
-the default in its schema; every write sets the column), then filled from the columns they
-replace for ordering.
+The new columns are added with a constant default, so adding them rewrites no table (SQLite
+keeps the default in its schema; every write sets the column). Only the rows a claim can
+take (queued or running runs, pending deliveries) are then filled from the columns they
+replace for ordering: finished rows are never claimed again, and updating every row of a
+large history would rewrite it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _add_due_at(table: str, source: str, where: str) -> None:
         table,
         sa.Column("due_at", UTCDateTime(), nullable=False, server_default=sa.text(f"'{_EPOCH}'")),
     )
-    op.execute(f"UPDATE {table} SET due_at = {source}")
+    op.execute(f"UPDATE {table} SET due_at = {source} WHERE {where}")
     if op.get_bind().dialect.name == "postgresql":
         op.alter_column(table, "due_at", server_default=None)
     op.create_index(
