@@ -48,4 +48,4 @@ bench: install
 	$(BIN)/python bench/suite.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache flowhook.db flowhook.db-*
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* flowhook.db flowhook.db-*

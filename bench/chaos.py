@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import glob
 import hmac
 import json
 import os
@@ -59,7 +58,7 @@ from aiohttp import web
 from flowhook.signing import standard_signature, x_service_signature
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import BENCH_SECRET_KEY, FLOWHOOK, free_port
+from harness import BENCH_SECRET_KEY, FLOWHOOK, PrivatePostgres, free_port
 
 SKEW = 0.1
 """Seconds a call may reach the target after the kill of the process that sent it (it was
@@ -364,70 +363,6 @@ def serve_sink(port: int, pids_file: Path) -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(Sink(port, pids_file).serve())
-
-
-# -- a private PostgreSQL cluster ------------------------------------------------------------
-
-
-def postgres_bin() -> Path | None:
-    """The newest /usr/lib/postgresql/*/bin holding initdb, or None."""
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
-    )
-    return Path(found[-1]).parent if found else None
-
-
-class PrivatePostgres:
-    """A cluster of our own in a temporary directory, on a free port of 127.0.0.1; run as
-    user postgres when we are root (initdb refuses root). Never the shared one."""
-
-    def __init__(self) -> None:
-        binary = postgres_bin()
-        if binary is None:
-            raise SystemExit("no PostgreSQL binaries in /usr/lib/postgresql/*/bin")
-        self.bin = binary
-        self.dir = Path(tempfile.mkdtemp(prefix="flowhook-chaos-pg-"))
-        self.data = self.dir / "data"
-        self.port = free_port()
-        self.log = self.dir / "postgres.log"
-
-    def _run(self, *args: str, timeout: float = 120) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run(
-            [*prefix, *args], check=True, capture_output=True, timeout=timeout, cwd=self.dir
-        )
-
-    def start(self) -> PrivatePostgres:
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-                  "-A", "trust", "-E", "UTF8", "--no-sync")  # fmt: skip
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections=200"
-        )
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                  "-w", "-t", "60", "-o", options, "start")  # fmt: skip
-        return self
-
-    def restart(self) -> None:
-        """``pg_ctl restart -m fast`` (the server's output to the log: a pipe would stay open)."""
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                  "-m", "fast", "-w", "-t", "60", "restart")  # fmt: skip
-
-    def stop(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError):
-            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w",
-                      "-t", "60", "stop")  # fmt: skip
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
-
-    def logged(self, text: str) -> int:
-        try:
-            return self.log.read_text(errors="replace").count(text)
-        except OSError:
-            return 0
 
 
 async def deadlocks(admin_url: str) -> int:

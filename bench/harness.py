@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import hashlib
 import hmac
 import json
@@ -92,6 +93,103 @@ def fresh_database(backend: str, workdir: Path, postgres_url: str) -> Iterator[s
         yield f"{admin.rpartition('/')[0]}/{name}"
     finally:
         asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+# -- a private PostgreSQL cluster ------------------------------------------------------------
+
+
+def postgres_bin() -> Path | None:
+    """The newest /usr/lib/postgresql/*/bin holding initdb, or None."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
+    return Path(found[-1]).parent if found else None
+
+
+def private_postgres_missing() -> str | None:
+    """Why a PrivatePostgres cannot be made here, or None when it can."""
+    if postgres_bin() is None or (os.geteuid() == 0 and shutil.which("runuser") is None):
+        return "needs PostgreSQL's binaries in /usr/lib/postgresql/*/bin (and runuser as root)"
+    return None
+
+
+class PrivatePostgres:
+    """A cluster of our own in a temporary directory, on a free port of 127.0.0.1; run as
+    user postgres when we are root (initdb refuses root). Never the shared one: the chaos
+    soak and tests/e2e/test_postgres_restart.py restart it under load.
+
+    ``with PrivatePostgres() as pg:`` starts it and removes it afterwards."""
+
+    def __init__(self) -> None:
+        binary = postgres_bin()
+        if binary is None:
+            raise SystemExit("no PostgreSQL binaries in /usr/lib/postgresql/*/bin")
+        self.bin = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="flowhook-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.log = self.dir / "postgres.log"
+
+    def __enter__(self) -> PrivatePostgres:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(
+            [*prefix, *args], check=True, capture_output=True, timeout=timeout, cwd=self.dir
+        )
+
+    def _pg_ctl(self, *args: str) -> None:
+        """``pg_ctl`` on our data directory (the server's output to the log: a pipe would
+        stay open)."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+                  "-w", "-t", "60", *args)  # fmt: skip
+
+    def start(self) -> PrivatePostgres:
+        """initdb, then start the server."""
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+                  "-A", "trust", "-E", "UTF8", "--no-sync")  # fmt: skip
+        self.resume()
+        return self
+
+    def resume(self) -> None:
+        """Start the server on the existing data directory (after ``halt``)."""
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections=200"
+        )
+        self._pg_ctl("-o", options, "start")
+
+    def halt(self) -> None:
+        """``pg_ctl stop -m fast``, keeping the data directory for ``resume``."""
+        self._pg_ctl("-m", "fast", "stop")
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``."""
+        self._pg_ctl("-m", "fast", "restart")
+
+    def stop(self) -> None:
+        """Stop the server if it runs and remove the cluster."""
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.halt()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def logged(self, text: str) -> int:
+        try:
+            return self.log.read_text(errors="replace").count(text)
+        except OSError:
+            return 0
 
 
 # -- the server ------------------------------------------------------------------------------

@@ -63,6 +63,18 @@ def _settings(**overrides: Any) -> Settings:
         raise typer.Exit(2) from None
 
 
+AccessLogOpt = Annotated[bool, typer.Option(help="Log every request.")]
+
+
+def _server_settings(**overrides: Any) -> Settings:
+    """Settings for a long-running command (serve, api, worker): logging configured and the
+    secret key checked before anything starts."""
+    settings = _settings(**overrides)
+    _configure_logging(settings)
+    _check_secret_key(settings)
+    return settings
+
+
 def _database(settings: Settings) -> Database:
     return Database(
         settings.database_url,
@@ -141,14 +153,12 @@ def serve(
         int | None, typer.Option(help="Overrides FLOWHOOK_PORT (default 8080).", show_default=False)
     ] = None,
     database_url: DatabaseOpt = None,
-    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    access_log: AccessLogOpt = False,
 ) -> None:
     """Run the API and the worker in one process (SQLite by default)."""
     from flowhook.api.app import create_app
 
-    settings = _settings(host=host, port=port, database_url=database_url)
-    _configure_logging(settings)
-    _check_secret_key(settings)
+    settings = _server_settings(host=host, port=port, database_url=database_url)
     base = f"http://{settings.host}:{settings.port}"
     application = create_app(settings, on_bootstrap=lambda seeded: _print_welcome(seeded, base))
     logging.getLogger("flowhook").info(
@@ -180,12 +190,10 @@ def api(
     ] = None,
     workers: Annotated[int, typer.Option(help="HTTP worker processes.", min=1)] = 1,
     database_url: DatabaseOpt = None,
-    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    access_log: AccessLogOpt = False,
 ) -> None:
     """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
-    settings = _settings(host=host, port=port, database_url=database_url)
-    _configure_logging(settings)
-    _check_secret_key(settings)
+    settings = _server_settings(host=host, port=port, database_url=database_url)
     _with_db(settings, lambda db: _noop())
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
     uvicorn.run(
@@ -218,9 +226,7 @@ def worker(
     """Run the engine, the webhook dispatcher, the scheduler and retention, without HTTP.
     SIGTERM drains: no new work, FLOWHOOK_SHUTDOWN_GRACE seconds for what is in flight, then
     unfinished runs are handed back to the other workers."""
-    settings = _settings(worker_concurrency=concurrency, database_url=database_url)
-    _configure_logging(settings)
-    _check_secret_key(settings)
+    settings = _server_settings(worker_concurrency=concurrency, database_url=database_url)
     tune_for_server()
     asyncio.run(_work(settings))
 

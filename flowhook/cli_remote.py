@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +63,24 @@ def table(columns: list[str], rows: list[list[Any]], empty: str) -> None:
     console.print(t)
 
 
+def listing(
+    data: list[Any], as_json: bool, columns: list[str], row: Callable[[Any], list[Any]], empty: str
+) -> None:
+    """A list command's answer: the items as JSON, or a table of ``row(item)`` each."""
+    if as_json:
+        out_json(data)
+        return
+    table(columns, [row(x) for x in data], empty)
+
+
+def shown(value: Any, as_json: bool, text: Callable[[], str]) -> None:
+    """A command's answer about one thing: ``value`` as JSON, or the line ``text()``."""
+    if as_json:
+        out_json(value)
+    else:
+        console.print(text())
+
+
 def parse_json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
@@ -106,24 +124,27 @@ def flows_apply(
             same = [f for f in c.list_flows() if f["name"] == definition.get("name")]
             flow_id = same[0]["flow_id"] if same else None
         saved = c.update_flow(flow_id, definition) if flow_id else c.create_flow(definition)
-    if as_json:
-        out_json(saved)
-    else:
-        console.print(f"{saved['flow_id']} [bold]{saved['name']}[/bold] version {saved['version']}")
+    shown(
+        saved,
+        as_json,
+        lambda: f"{saved['flow_id']} [bold]{saved['name']}[/bold] version {saved['version']}",
+    )
 
 
 @flows.command("list")
 def flows_list(as_json: JsonOpt = False) -> None:
     with client() as c:
         data = c.list_flows()
-    if as_json:
-        out_json(data)
-        return
-    table(
+    listing(
+        data,
+        as_json,
         ["flow_id", "name", "version", "steps", "updated"],
-        [
-            [f["flow_id"], f["name"], f["version"], len(f["definition"]["steps"]), f["updated_at"]]
-            for f in data
+        lambda f: [
+            f["flow_id"],
+            f["name"],
+            f["version"],
+            len(f["definition"]["steps"]),
+            f["updated_at"],
         ],
         "no flows",
     )
@@ -268,24 +289,24 @@ def endpoints_add(
         ep = c.create_endpoint(
             url, [e.strip() for e in events.split(",") if e.strip()], description
         )
-    if as_json:
-        out_json(ep)
-    else:
-        console.print(
+    shown(
+        ep,
+        as_json,
+        lambda: (
             f"{ep['id']} {ep['url']}\nsecret: {ep['secret']}  [dim](verify X-Service-Signature with it)[/dim]"
-        )
+        ),
+    )
 
 
 @endpoints.command("list")
 def endpoints_list(as_json: JsonOpt = False) -> None:
     with client() as c:
         data = c.list_endpoints()
-    if as_json:
-        out_json(data)
-        return
-    table(
+    listing(
+        data,
+        as_json,
         ["id", "url", "events", "enabled"],
-        [[e["id"], e["url"], ", ".join(e["events"]), e["enabled"]] for e in data],
+        lambda e: [e["id"], e["url"], ", ".join(e["events"]), e["enabled"]],
         "no endpoints",
     )
 
@@ -298,15 +319,11 @@ def deliveries_list(
 ) -> None:
     with client() as c:
         data = c.list_deliveries(status="failed" if failed else None, limit=limit)
-    if as_json:
-        out_json(data)
-        return
-    table(
+    listing(
+        data,
+        as_json,
         ["id", "event", "status", "attempts", "last error", "run_id"],
-        [
-            [d["id"], d["event"], d["status"], d["attempts"], d["last_error"], d["run_id"]]
-            for d in data
-        ],
+        lambda d: [d["id"], d["event"], d["status"], d["attempts"], d["last_error"], d["run_id"]],
         "no failed deliveries" if failed else "no deliveries",
     )
 
@@ -315,10 +332,7 @@ def deliveries_list(
 def deliveries_replay(delivery_id: str, as_json: JsonOpt = False) -> None:
     with client() as c:
         d = c.replay_delivery(delivery_id)
-    if as_json:
-        out_json(d)
-    else:
-        console.print(f"{d['id']} queued (replay of {d['replay_of']})")
+    shown(d, as_json, lambda: f"{d['id']} queued (replay of {d['replay_of']})")
 
 
 @hooks.command("create")
@@ -330,13 +344,14 @@ def hooks_create(
     """Make a public URL whose POSTs start runs of FLOW."""
     with client() as c:
         h = c.create_hook(flow_id, {"type": verify} if verify else None)
-    if as_json:
-        out_json(h)
-    else:
-        console.print(
+    shown(
+        h,
+        as_json,
+        lambda: (
             f"{h['id']}\nPOST {h['url']}"
             + (f"\nsecret: {h['verify']['secret']}" if h.get("verify") else "")
-        )
+        ),
+    )
 
 
 @schedules.command("create")
@@ -349,24 +364,28 @@ def schedules_create(
 ) -> None:
     with client() as c:
         s = c.create_schedule(flow_id, cron, timezone, parse_json(payload, "--payload"))
-    if as_json:
-        out_json(s)
-    else:
-        console.print(f"{s['id']} {s['cron']} ({s['timezone']}) next run {s.get('next_run_at')}")
+    shown(
+        s,
+        as_json,
+        lambda: f"{s['id']} {s['cron']} ({s['timezone']}) next run {s.get('next_run_at')}",
+    )
 
 
 @schedules.command("list")
 def schedules_list(as_json: JsonOpt = False) -> None:
     with client() as c:
         data = c.list_schedules()
-    if as_json:
-        out_json(data)
-        return
-    table(
+    listing(
+        data,
+        as_json,
         ["id", "flow_id", "cron", "timezone", "enabled", "next run"],
-        [
-            [s["id"], s["flow_id"], s["cron"], s["timezone"], s["enabled"], s.get("next_run_at")]
-            for s in data
+        lambda s: [
+            s["id"],
+            s["flow_id"],
+            s["cron"],
+            s["timezone"],
+            s["enabled"],
+            s.get("next_run_at"),
         ],
         "no schedules",
     )

@@ -9,9 +9,17 @@ import orjson
 
 from flowhook.clock import isoformat
 from flowhook.ids import new_id
-from flowhook.store.models import Event, Mode
+from flowhook.store.models import Event, Mode, Run
 
-__all__ = ["EVENT_TYPES", "TEST_EVENT", "make_event"]
+__all__ = [
+    "EVENT_TYPES",
+    "TEST_EVENT",
+    "cancelled_event",
+    "elapsed_ms",
+    "make_event",
+    "run_duration_ms",
+    "run_event",
+]
 
 TEST_EVENT = "webhook.test"
 """Sent by "send a test event" to one endpoint, whatever it chose."""
@@ -59,3 +67,38 @@ def make_event(
         created_at=now,
         body=body,
     )
+
+
+def run_event(run: Run, type_: str, payload: dict[str, Any], now: datetime) -> Event:
+    """An event about ``run`` (its workspace, mode, flow and id in the envelope)."""
+    return make_event(
+        type_,
+        workspace_id=run.workspace_id,
+        mode=run.mode,
+        flow_id=run.flow_id,
+        run_id=run.run_id,
+        payload=payload,
+        now=now,
+    )
+
+
+def elapsed_ms(start: datetime, end: datetime) -> int:
+    """Whole milliseconds from ``start`` to ``end``, never negative."""
+    return max(0, round((end - start).total_seconds() * 1000))
+
+
+def run_duration_ms(run: Run, now: datetime) -> int | None:
+    """How long ``run`` has lasted at ``now``: from its start, ``None`` when it never
+    started."""
+    return elapsed_ms(run.started_at, now) if run.started_at is not None else None
+
+
+def cancelled_event(run: Run, now: datetime) -> Event:
+    """``flow.cancelled`` for ``run`` ending at ``now``, whoever ends it (the worker holding
+    it, or the API for a run no worker holds): the steps it executed and its duration."""
+    payload = {
+        "status": "cancelled",
+        "steps_executed": run.steps_executed,
+        "duration_ms": run_duration_ms(run, now),
+    }
+    return run_event(run, "flow.cancelled", payload, now)

@@ -12,6 +12,9 @@ items is right only where a commit that failed is known to have written nothing 
 may be applied alone (accepting runs; the engine's progress writes, see
 ``worker.redo_alone``), not where an unknown outcome could apply work twice (a connection
 lost during COMMIT).
+
+``gather`` trades a little latency for fewer transactions: the committer waits that long
+before each transaction, so more requests join it (the webhook dispatcher's completions).
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ class GroupCommit(Generic[T, R]):
         *,
         max_batch: int = 256,
         isolate: Callable[[BaseException], bool] = lambda exc: False,
+        gather: float = 0.0,
     ) -> None:
         self._commit = commit
         self._max = max_batch
         self._isolate = isolate
+        self._gather = gather
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -52,8 +57,22 @@ class GroupCommit(Generic[T, R]):
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
 
+    async def cancel(self) -> None:
+        """Stop committing: cancel the transaction under way (its callers get
+        ``CancelledError``) and drop what waits for the next one (its callers' futures are
+        cancelled). A later ``submit`` starts afresh."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        dropped, self._pending = self._pending, []
+        for _, future in dropped:
+            future.cancel()
+
     async def _run(self) -> None:
         while self._pending:
+            if self._gather:
+                await asyncio.sleep(self._gather)
             batch, self._pending = self._pending[: self._max], self._pending[self._max :]
             try:
                 results = await self._commit([item for item, _ in batch])

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from flowhook.api.errors import install_error_handlers
+from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
 from flowhook.api.routes import flows, hooks, runs, schedules, system, webhooks
@@ -99,7 +100,12 @@ def create_app(
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
     install_error_handlers(app, html=web_routes.render_error)
-    app.add_middleware(RequestGuard, max_body=settings.max_request_bytes, page_headers=PAGE_HEADERS)
+    app.add_middleware(
+        RequestGuard,
+        max_body=settings.max_request_bytes,
+        page_headers=PAGE_HEADERS,
+        fast_posts={EXECUTE_PATH: handle_execute},  # the hottest route, ahead of FastAPI's
+    )
     return app
 
 

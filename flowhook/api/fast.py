@@ -1,9 +1,10 @@
 """The hottest route in plain ASGI: ``POST /api/v1/flows/execute`` (SPEC §4.1).
 
 FastAPI's routing, dependency solving and Pydantic body model cost more than the rest of an
-accept (authentication from memory, one row in a group commit) put together. So the request
-guard hands this one route here first: a well-formed body is parsed with orjson, checked
-field by field, and the run started through the same service call the FastAPI route makes.
+accept (authentication from memory, one row in a group commit) put together. So
+``create_app`` has the request guard hand this one route to :func:`handle_execute` first: a
+well-formed body is parsed with orjson, checked field by field, and the run started through
+the same service call the FastAPI route makes, answered by the same :func:`accepted`.
 Anything else (malformed JSON, a missing or mistyped field, an unknown field) is passed on,
 body and all, to the FastAPI route, so every error answer stays exactly the one that route
 gives, and the route keeps documenting the endpoint in OpenAPI.
@@ -14,14 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.types import Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowhook.api.errors import domain_error_response
 from flowhook.api.models import run_accepted
 from flowhook.api.responses import ORJSONResponse
 from flowhook.errors import FlowhookError
+from flowhook.service import Started
 
-__all__ = ["EXECUTE_PATH", "parse_execute", "handle_execute"]
+__all__ = ["EXECUTE_PATH", "accepted", "parse_execute", "handle_execute"]
 
 EXECUTE_PATH = "/api/v1/flows/execute"
 _FIELDS = frozenset({"flow_id", "trigger", "payload"})
@@ -30,6 +33,13 @@ _LONG_NUMBER = b"0" * 20
 """orjson reads an integer beyond 64 bits as a float, silently; a body holding 20 digits in a
 row goes to the model's parser instead, which keeps such an integer exact, so the service
 refuses it there. (A translate and a substring search: a tenth of a regex's time.)"""
+_REPLAYED = {"Idempotent-Replayed": "true"}  # copied into each response's own headers
+
+
+def accepted(started: Started) -> Response:
+    """The 202 answer to a started run, on both paths (this one and the FastAPI route)."""
+    headers = _REPLAYED if started.replayed else None
+    return ORJSONResponse(run_accepted(started.run), status_code=202, headers=headers)
 
 
 def parse_execute(body: bytes) -> tuple[str, str, dict[str, Any]] | None:
@@ -64,7 +74,7 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 async def handle_execute(
-    scope: Scope, receive: Receive, send: Send, headers: dict[str, str], fallback: Any
+    scope: Scope, receive: Receive, send: Send, headers: dict[str, str], fallback: ASGIApp
 ) -> None:
     """Answer an execute request, or pass it to ``fallback`` (the FastAPI app) unchanged."""
     body = await _read_body(receive)
@@ -96,6 +106,4 @@ async def handle_execute(
     except FlowhookError as exc:
         await domain_error_response(exc)(scope, receive, send)
         return
-    extra = {"Idempotent-Replayed": "true"} if started.replayed else None
-    response = ORJSONResponse(run_accepted(started.run), status_code=202, headers=extra)
-    await response(scope, receive, send)
+    await accepted(started)(scope, receive, send)

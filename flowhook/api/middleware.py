@@ -6,15 +6,15 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowhook import logs
-from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.responses import error_response
 
-__all__ = ["RequestGuard"]
+__all__ = ["FastRoute", "RequestGuard"]
 
 log = logging.getLogger("flowhook.api")
 
@@ -38,6 +38,11 @@ def _is_json(content_type: str) -> bool:
     )
 
 
+FastRoute = Callable[[Scope, Receive, Send, dict[str, str], ASGIApp], Awaitable[None]]
+"""A route answered in plain ASGI ahead of FastAPI's routing: ``(scope, receive, send,
+headers, fallback)``, where ``fallback`` (the FastAPI app) may answer it instead."""
+
+
 class RequestGuard:
     def __init__(
         self,
@@ -46,12 +51,16 @@ class RequestGuard:
         max_body: int,
         json_prefix: str = "/api/",
         page_headers: list[tuple[bytes, bytes]] | None = None,
+        fast_posts: Mapping[str, FastRoute] | None = None,
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.json_prefix = json_prefix
         self.page_headers = page_headers or []
         """Added to every answer outside ``json_prefix`` (the pages: framing, CSP)."""
+        self.fast_posts = dict(fast_posts or {})
+        """POST paths answered by a :data:`FastRoute` (``create_app`` gives the execute route)."""
+        self._too_large = f"request body over the limit of {max_body} bytes"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,38 +87,10 @@ class RequestGuard:
         async def reply(status: int, text: str, code: str) -> None:
             await error_response(status, text, code)(scope, receive, send_with_id)
 
-        if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
-            await reply(400, "the URL must not contain the NUL character (%00)", "invalid_request")
+        refused = self._refusal(scope, headers)
+        if refused is not None:
+            await reply(*refused)
             return
-        length = headers.get("content-length")
-        has_body = (length is not None and length.strip() not in ("", "0")) or (
-            "chunked" in headers.get("transfer-encoding", "").lower()
-        )
-        if has_body and scope["method"] in ("POST", "PUT", "PATCH"):
-            if length is not None:
-                try:
-                    too_big = int(length) > self.max_body
-                except ValueError:
-                    await reply(400, "Content-Length is not a number", "invalid_request")
-                    return
-                if too_big:
-                    await reply(
-                        413,
-                        f"request body over the limit of {self.max_body} bytes",
-                        "payload_too_large",
-                    )
-                    return
-            wants_json = scope["path"].startswith(self.json_prefix) and not _PUBLIC_HOOK.match(
-                scope["path"]
-            )
-            if wants_json and not _is_json(headers.get("content-type", "")):
-                await reply(
-                    415,
-                    "send the request body as JSON with Content-Type: application/json",
-                    "unsupported_media_type",
-                )
-                return
-
         seen = 0
 
         async def counted_receive() -> Message:
@@ -122,17 +103,14 @@ class RequestGuard:
             return message
 
         try:
-            if scope["path"] == EXECUTE_PATH and scope["method"] == "POST":
-                await handle_execute(scope, counted_receive, send_with_id, headers, self.app)
+            fast = self.fast_posts.get(scope["path"]) if scope["method"] == "POST" else None
+            if fast is not None:
+                await fast(scope, counted_receive, send_with_id, headers, self.app)
             else:
                 await self.app(scope, counted_receive, send_with_id)
         except _TooLarge:
             if not started:
-                await reply(
-                    413,
-                    f"request body over the limit of {self.max_body} bytes",
-                    "payload_too_large",
-                )
+                await reply(413, self._too_large, "payload_too_large")
         except Exception:
             log.exception(
                 "unexpected error (request id %s) %s %s", request_id, scope["method"], scope["path"]
@@ -143,3 +121,33 @@ class RequestGuard:
                     f"internal error; quote request id {request_id} when reporting it",
                     "internal",
                 )
+
+    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        """Why a request is answered before any route sees it, as (status, message, code):
+        a NUL in the URL, a Content-Length that is no number or over the limit, a body that
+        is not JSON where the API takes JSON. ``None`` for a request that may go on."""
+        if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
+            return 400, "the URL must not contain the NUL character (%00)", "invalid_request"
+        length = headers.get("content-length")
+        has_body = (length is not None and length.strip() not in ("", "0")) or (
+            "chunked" in headers.get("transfer-encoding", "").lower()
+        )
+        if not has_body or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return None
+        if length is not None:
+            try:
+                too_big = int(length) > self.max_body
+            except ValueError:
+                return 400, "Content-Length is not a number", "invalid_request"
+            if too_big:
+                return 413, self._too_large, "payload_too_large"
+        wants_json = scope["path"].startswith(self.json_prefix) and not _PUBLIC_HOOK.match(
+            scope["path"]
+        )
+        if wants_json and not _is_json(headers.get("content-type", "")):
+            return (
+                415,
+                "send the request body as JSON with Content-Type: application/json",
+                "unsupported_media_type",
+            )
+        return None

@@ -3,12 +3,16 @@ turn domain objects into those bodies."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, TypedDict, TypeVar
 
+from fastapi import Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowhook.api.responses import ORJSONResponse
 from flowhook.clock import isoformat
+from flowhook.service.pagination import Page
 from flowhook.store.models import Flow, Run, RunStep
 
 __all__ = [
@@ -23,7 +27,31 @@ __all__ = [
     "run_record",
     "flow_record",
     "ts",
+    "Limit",
+    "PageArgs",
+    "PagingDep",
+    "error_responses",
+    "page_response",
 ]
+
+T = TypeVar("T")
+
+Limit = Annotated[int, Query(ge=1, le=100)]
+"""A list's ``limit`` query parameter: ``limit: Limit = 20``."""
+
+
+class PageArgs(TypedDict):
+    limit: int
+    cursor: str | None
+
+
+def _paging(limit: Limit = 20, cursor: str | None = None) -> PageArgs:
+    return {"limit": limit, "cursor": cursor}
+
+
+PagingDep = Annotated[PageArgs, Depends(_paging)]
+"""A list's ``limit`` and ``cursor`` query parameters (the last ones the operation shows), for
+``services.x.list(who, **paging)``."""
 
 
 def ts(value: datetime | None) -> str | None:
@@ -33,6 +61,16 @@ def ts(value: datetime | None) -> str | None:
 class ErrorBody(BaseModel):
     error: str = Field(description="What went wrong, in words a person can act on.")
     code: str = Field(description="A stable machine-readable code.")
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
+    """The ``responses`` of a route for the error statuses it may answer: each an ErrorBody."""
+    return {code: {"model": ErrorBody} for code in codes}
+
+
+def page_response(page: Page[T], record: Callable[[T], dict[str, Any]]) -> ORJSONResponse:
+    """A list's answer: ``{"data": [record(item), ...], "next_cursor": ...}``."""
+    return ORJSONResponse({"data": [record(x) for x in page.data], "next_cursor": page.next_cursor})
 
 
 class ExecuteRequest(BaseModel):

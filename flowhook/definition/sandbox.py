@@ -659,114 +659,126 @@ def _printing(name: str, fn: Callable[..., Any], times: int) -> Callable[..., An
     return bounded
 
 
+# -- the filters that can grow a value: each refuses a result past the cap before it runs
+
+
+def _filter_replace(ctx: Any, s: Any, old: Any, new: Any, count: Any = None) -> Any:
+    times = -1 if count is None else count
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        size = _replace_size(s, old, new, times)
+    else:
+        text = _printed(s)
+        size = text + (text + 1) * _printed(new) if text <= _room() else text
+    _charge(size, "replace")
+    return filters.do_replace(ctx, s, old, new, count)
+
+
+def _filter_center(value: Any, width: int = 80) -> str:
+    _charge(max(_printed(value), _check_int(width, "width")), "center")
+    return filters.do_center(value, width)
+
+
+def _filter_indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> str:
+    pad = len(width) if isinstance(width, str) else _check_int(width, "indent")
+    if isinstance(s, str):
+        size = len(s) + (s.count("\n") + 1) * pad
+    else:
+        text = _printed(s)
+        size = text + (text + 1) * pad if text <= _room() else text
+    _charge(size, "indent")
+    return filters.do_indent(s, width, first, blank)
+
+
+def _filter_wordwrap(env: Any, s: str, width: int = 79, *args: Any, **kwargs: Any) -> str:
+    wrapstring = kwargs.get("wrapstring", args[1] if len(args) > 1 else None) or "\n"
+    _charge(_printed(s) * (1 + _printed(wrapstring)), "wordwrap")
+    return filters.do_wordwrap(env, s, width, *args, **kwargs)
+
+
+def _filter_format(value: str, *args: Any, **kwargs: Any) -> str:
+    if not isinstance(value, str):  # printed first: bound that too
+        _charge(_printed(value), "format")
+    _charge(_percent_size(str(value), kwargs or args), "format")
+    return filters.do_format(value, *args, **kwargs)
+
+
+def _filter_join(ctx: Any, value: Iterable[Any], d: str = "", attribute: Any = None) -> str:
+    parts, size = _join(d, value, "join")
+    _charge(size, "join")
+    return filters.sync_do_join(ctx, parts, d, attribute)
+
+
+def _filter_batch(value: Iterable[Any], linecount: int, fill_with: Any = None) -> Any:
+    # The last batch is filled with up to linecount - 1 references to fill_with.
+    count = _check_int(linecount, "batch size")
+    _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "batch")
+    return filters.do_batch(value, linecount, fill_with)
+
+
+def _filter_slice(value: Collection[Any], slices: int, fill_with: Any = None) -> Any:
+    count = _check_int(slices, "slice count")
+    _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "slice")
+    return filters.sync_do_slice(value, slices, fill_with)
+
+
+def _filter_sum(env: Any, iterable: Iterable[Any], attribute: Any = None, start: Any = 0) -> Any:
+    items = list(iterable)
+    if _sized(start) or any(_sized(i) for i in items):
+        _charge(_total_weight([start, *items]), "sum")
+    return filters.sync_do_sum(env, items, attribute, start)
+
+
+def _filter_tojson(ctx: Any, value: Any, indent: Any = None) -> Any:
+    # Each line of indented JSON starts with depth × indent spaces.
+    if indent is not None and (not isinstance(indent, int) or not 0 <= indent <= _MAX_JSON_INDENT):
+        raise SecurityError(f"tojson indent must be a number from 0 to {_MAX_JSON_INDENT}")
+    room = _room()
+    size = _json_size(value, room)
+    if indent is not None and size <= room:  # a line for each item or closing bracket
+        size += (size + 1) * (1 + _depth(value, size + 1) * indent)
+    _charge(size, "tojson")
+    return filters.do_tojson(ctx, value, indent)
+
+
+def _filter_urlize(ctx: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    # Each word may become <a href="word" rel="…" target="…">word</a>, escaped.
+    names = ["trim_url_limit", "nofollow", "target", "rel", "extra_schemes"]
+    given = {**dict(zip(names, args, strict=False)), **kwargs}
+    extra = 0
+    for name in ("target", "rel"):
+        length = _printed(given.get(name))
+        if length > _MAX_LINK_ATTRIBUTE:
+            raise SecurityError(f"urlize {name} is longer than {_MAX_LINK_ATTRIBUTE}")
+        extra += length
+    text = _printed(value)
+    words = len(value.split()) if isinstance(value, str) else text // 2 + 1
+    _charge(12 * text + words * (100 + extra), "urlize")
+    return filters.do_urlize(ctx, value, *args, **kwargs)
+
+
+def _filter_round(value: float, precision: int = 0, method: str = "common") -> float:
+    # round(5, -10**8) computes 10**(10**8) in one C call.
+    if isinstance(precision, int) and abs(precision) > _MAX_ROUND_DIGITS:
+        raise SecurityError(f"round precision {precision} is beyond ±{_MAX_ROUND_DIGITS}")
+    return filters.do_round(value, precision, method)  # type: ignore[arg-type]
+
+
 def _bounded_filters() -> dict[str, Callable[..., Any]]:
     """The filters expressions have: each that can grow a value refuses a result past the
     cap before it runs."""
-
-    def replace(ctx: Any, s: Any, old: Any, new: Any, count: Any = None) -> Any:
-        times = -1 if count is None else count
-        if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
-            size = _replace_size(s, old, new, times)
-        else:
-            text = _printed(s)
-            size = text + (text + 1) * _printed(new) if text <= _room() else text
-        _charge(size, "replace")
-        return filters.do_replace(ctx, s, old, new, count)
-
-    def center(value: Any, width: int = 80) -> str:
-        _charge(max(_printed(value), _check_int(width, "width")), "center")
-        return filters.do_center(value, width)
-
-    def indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> str:
-        pad = len(width) if isinstance(width, str) else _check_int(width, "indent")
-        if isinstance(s, str):
-            size = len(s) + (s.count("\n") + 1) * pad
-        else:
-            text = _printed(s)
-            size = text + (text + 1) * pad if text <= _room() else text
-        _charge(size, "indent")
-        return filters.do_indent(s, width, first, blank)
-
-    def wordwrap(env: Any, s: str, width: int = 79, *args: Any, **kwargs: Any) -> str:
-        wrapstring = kwargs.get("wrapstring", args[1] if len(args) > 1 else None) or "\n"
-        _charge(_printed(s) * (1 + _printed(wrapstring)), "wordwrap")
-        return filters.do_wordwrap(env, s, width, *args, **kwargs)
-
-    def format_(value: str, *args: Any, **kwargs: Any) -> str:
-        if not isinstance(value, str):  # printed first: bound that too
-            _charge(_printed(value), "format")
-        _charge(_percent_size(str(value), kwargs or args), "format")
-        return filters.do_format(value, *args, **kwargs)
-
-    def join(ctx: Any, value: Iterable[Any], d: str = "", attribute: Any = None) -> str:
-        parts, size = _join(d, value, "join")
-        _charge(size, "join")
-        return filters.sync_do_join(ctx, parts, d, attribute)
-
-    def batch(value: Iterable[Any], linecount: int, fill_with: Any = None) -> Any:
-        # The last batch is filled with up to linecount - 1 references to fill_with.
-        count = _check_int(linecount, "batch size")
-        _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "batch")
-        return filters.do_batch(value, linecount, fill_with)
-
-    def slice_(value: Collection[Any], slices: int, fill_with: Any = None) -> Any:
-        count = _check_int(slices, "slice count")
-        _charge(count * (weight(fill_with) + 1) if fill_with is not None else 0, "slice")
-        return filters.sync_do_slice(value, slices, fill_with)
-
-    def sum_(env: Any, iterable: Iterable[Any], attribute: Any = None, start: Any = 0) -> Any:
-        items = list(iterable)
-        if _sized(start) or any(_sized(i) for i in items):
-            _charge(_total_weight([start, *items]), "sum")
-        return filters.sync_do_sum(env, items, attribute, start)
-
-    def tojson(ctx: Any, value: Any, indent: Any = None) -> Any:
-        # Each line of indented JSON starts with depth × indent spaces.
-        if indent is not None and (
-            not isinstance(indent, int) or not 0 <= indent <= _MAX_JSON_INDENT
-        ):
-            raise SecurityError(f"tojson indent must be a number from 0 to {_MAX_JSON_INDENT}")
-        room = _room()
-        size = _json_size(value, room)
-        if indent is not None and size <= room:  # a line for each item or closing bracket
-            size += (size + 1) * (1 + _depth(value, size + 1) * indent)
-        _charge(size, "tojson")
-        return filters.do_tojson(ctx, value, indent)
-
-    def urlize(ctx: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        # Each word may become <a href="word" rel="…" target="…">word</a>, escaped.
-        names = ["trim_url_limit", "nofollow", "target", "rel", "extra_schemes"]
-        given = {**dict(zip(names, args, strict=False)), **kwargs}
-        extra = 0
-        for name in ("target", "rel"):
-            length = _printed(given.get(name))
-            if length > _MAX_LINK_ATTRIBUTE:
-                raise SecurityError(f"urlize {name} is longer than {_MAX_LINK_ATTRIBUTE}")
-            extra += length
-        text = _printed(value)
-        words = len(value.split()) if isinstance(value, str) else text // 2 + 1
-        _charge(12 * text + words * (100 + extra), "urlize")
-        return filters.do_urlize(ctx, value, *args, **kwargs)
-
-    def round_(value: float, precision: int = 0, method: str = "common") -> float:
-        # round(5, -10**8) computes 10**(10**8) in one C call.
-        if isinstance(precision, int) and abs(precision) > _MAX_ROUND_DIGITS:
-            raise SecurityError(f"round precision {precision} is beyond ±{_MAX_ROUND_DIGITS}")
-        return filters.do_round(value, precision, method)  # type: ignore[arg-type]
-
     bounded: dict[str, Callable[..., Any]] = {
-        "round": round_,
-        "replace": pass_eval_context(replace),
-        "center": center,
-        "indent": indent,
-        "wordwrap": pass_environment(wordwrap),
-        "format": format_,
-        "join": pass_eval_context(join),
-        "batch": batch,
-        "slice": slice_,
-        "sum": pass_environment(sum_),
-        "tojson": pass_eval_context(tojson),
-        "urlize": pass_eval_context(urlize),
+        "round": _filter_round,
+        "replace": pass_eval_context(_filter_replace),
+        "center": _filter_center,
+        "indent": _filter_indent,
+        "wordwrap": pass_environment(_filter_wordwrap),
+        "format": _filter_format,
+        "join": pass_eval_context(_filter_join),
+        "batch": _filter_batch,
+        "slice": _filter_slice,
+        "sum": pass_environment(_filter_sum),
+        "tojson": pass_eval_context(_filter_tojson),
+        "urlize": pass_eval_context(_filter_urlize),
     }
     bounded.update({n: _printing(n, filters.FILTERS[n], t) for n, t in _PRINTING.items()})
     bounded.update({n: filters.FILTERS[n] for n in _PLAIN})

@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,7 +38,8 @@ from flowhook.definition.sandbox import weight
 from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
-from flowhook.events import make_event
+from flowhook.engine.steps.base import error as failure
+from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_event
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
@@ -81,15 +82,78 @@ class _Pending:
         return bool(self.steps or self.events or self.values)
 
 
-def _ms(start: datetime, end: datetime) -> int:
-    return max(0, round((end - start).total_seconds() * 1000))
+@dataclass(slots=True)
+class _InFlight:
+    """A run being executed by this worker: where it is, what it has not committed yet, and
+    the expression context its steps see."""
+
+    run: Run
+    flow: CompiledFlow
+    earlier: dict[int, RunStep]
+    """The step records earlier claims committed, by index."""
+    ctx: Context
+    deadline: datetime
+    """When the run's ``timeout_seconds`` is up."""
+    idx: int
+    """The step to run next."""
+    pending: _Pending
+    skip_to: str | None = None
+    """A ``goto`` target: the steps before it are skipped."""
+    ended: bool = False
+    """A step ended the run early (``end``): what is left is the flow's output."""
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt of step ``idx``: its number, the attempts interrupted before it and when it
+    started."""
+
+    step: Step
+    idx: int
+    number: int
+    interrupted: tuple[int, ...]
+    started: datetime
+
+    def record(self, status: StepStatus, finished: datetime, outcome: Outcome) -> RunStep:
+        """The attempt's step record once it has ``outcome``."""
+        return RunStep(
+            idx=self.idx,
+            step_id=self.step.id,
+            type=self.step.type,
+            status=status,
+            attempts=self.number,
+            started_at=self.started,
+            finished_at=finished,
+            duration_ms=elapsed_ms(self.started, finished),
+            output=outcome.output,
+            error=outcome.error,
+            interrupted=self.interrupted,
+        )
 
 
 def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _context(run: Run, earlier: dict[int, RunStep]) -> Context:
+    """What a run's expressions see: its payload, the steps finished so far, the run."""
+    ctx: Context = {
+        "payload": run.payload,
+        "steps": {},
+        "run": {"id": run.run_id, "flow_id": run.flow_id, "trigger": run.trigger},
+    }
+    for s in earlier.values():
+        if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+            ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+    return ctx
+
+
 class Executor:
+    """Runs a claimed run in stages: :meth:`_resume` (pick it up where it stopped),
+    :meth:`_next_step` (skip, wake or attempt one step), :meth:`_attempt` (the step itself,
+    within its timeouts), :meth:`_settle` (record the outcome: wait, retry, go on, fail, end,
+    goto) and :meth:`_complete` / :meth:`_finish` / :meth:`_cancel` (end the run)."""
+
     def __init__(
         self,
         db: Database,
@@ -129,7 +193,7 @@ class Executor:
     async def _write(
         self,
         run: Run,
-        changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...],
+        changes: tuple[runs_store.StatusChange, ...],
         steps: list[RunStep],
         events: list[Event],
     ) -> None:
@@ -154,17 +218,6 @@ class Executor:
             self._flows.move_to_end(key)
         return compiled
 
-    def _event(self, run: Run, type_: str, payload: dict[str, Any], now: datetime) -> Event:
-        return make_event(
-            type_,
-            workspace_id=run.workspace_id,
-            mode=run.mode,
-            flow_id=run.flow_id,
-            run_id=run.run_id,
-            payload=payload,
-            now=now,
-        )
-
     async def execute(self, run: Run) -> RunStatus | None:
         """Run ``run`` until it ends or sleeps; the status it is left in, or ``None`` when its
         lease was lost to another worker."""
@@ -184,38 +237,35 @@ class Executor:
             self.cancelling.discard(run.run_id)
             self._open.pop(run.run_id, None)
 
-    async def _execute(self, run: Run) -> RunStatus | None:
+    async def _execute(self, run: Run) -> RunStatus:
+        state = await self._resume(run)
+        if not isinstance(state, _InFlight):
+            return state
+        while state.idx < len(state.flow.steps) and not state.ended:
+            stopped = await self._next_step(state)
+            if stopped is not None:
+                return stopped
+        return await self._complete(state)
+
+    # -- resume: pick the run up where it stopped ------------------------------------------
+
+    async def _resume(self, run: Run) -> _InFlight | RunStatus:
+        """The run ready for its next step; or the status it is left in when it goes no
+        further now (cancelled, held back by its flow's concurrency, failed before a step)."""
         if run.cancel_requested_at is not None:
             if run.status is RunStatus.RUNNING:
                 await self._load_earlier(run)
             return await self._cancel(run)
         compiled = await self._compiled(run)
-        if compiled is not None and compiled.concurrency is not None:
-            now = self._clock.now()
-            async with self._db.read() as conn:
-                ahead = await runs_store.count_older_in_flight(conn, run, now)
-            if ahead >= compiled.concurrency:
-                async with self._db.transaction() as conn:
-                    await runs_store.defer(
-                        conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
-                    )
-                return run.status
         # resumed: what earlier claims recorded
-        earlier = await self._load_earlier(run) if run.status is RunStatus.RUNNING else {}
+        resumed = run.status is RunStatus.RUNNING
         pending = _Pending()
-        now = self._clock.now()
-        if run.status is RunStatus.QUEUED:
-            run.started_at = now
-            pending.values["started_at"] = now
-            metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
-            pending.events.append(
-                self._event(
-                    run,
-                    "flow.started",
-                    {"status": "running", "trigger": run.trigger, "flow_version": run.flow_version},
-                    now,
-                )
-            )
+        if compiled is not None and compiled.concurrency is not None:
+            if not await self._admit(run, compiled.concurrency):
+                return run.status
+        elif not resumed:
+            self._start(run, pending)
+        earlier = await self._load_earlier(run) if resumed else {}
         if run.claims > self._max_claims:
             lost = {
                 "type": "worker_lost",
@@ -227,201 +277,52 @@ class Executor:
             missing = {"type": "definition", "message": "the flow version of this run is missing"}
             return await self._finish(run, pending, RunStatus.FAILED, error=missing)
         assert run.started_at is not None
-        deadline = run.started_at + timedelta(seconds=compiled.timeout)
-
-        ctx: Context = {
-            "payload": run.payload,
-            "steps": {},
-            "run": {"id": run.run_id, "flow_id": run.flow_id, "trigger": run.trigger},
-        }
-        for s in earlier.values():
-            if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
-                ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
-
-        idx = run.next_step
-        skip_to: str | None = None
-        while idx < len(compiled.steps):
-            step = compiled.steps[idx]
-            if skip_to is not None and step.id != skip_to:
-                pending.steps.append(RunStep(idx, step.id, step.type, StepStatus.SKIPPED, 0))
-                ctx["steps"][step.id] = {"output": None, "status": "skipped"}
-                idx += 1
-                continue
-            skip_to = None
-            now = self._clock.now()
-            if now >= deadline:
-                return await self._timed_out(run, pending, idx, step.id, compiled.timeout)
-            prior = earlier.get(idx)
-            if prior is not None and prior.status is StepStatus.WAITING:
-                until = _parse_time(prior.output["until"])
-                if now < until:
-                    return await self._release(run, pending, idx, min(until, deadline))
-                record = RunStep(
-                    idx,
-                    step.id,
-                    step.type,
-                    StepStatus.COMPLETED,
-                    prior.attempts,
-                    prior.started_at,
-                    now,
-                    _ms(prior.started_at or now, now),
-                    prior.output,
-                )
-                self._record(run, pending, ctx, record, will_retry=False)
-                idx += 1
-                continue
-            attempt, interrupted = _next_attempt(prior)
-            if step.external:
-                marker = RunStep(idx, step.id, step.type, StepStatus.RUNNING, attempt, now)
-                marker.interrupted = interrupted
-                await self._begin(run, pending, marker)
-                pending = _Pending()
-            elif not step.pure and pending:
-                await self._commit(run, pending, idx)
-                pending = _Pending()
-
-            started = self._clock.now()
-            run_left = (deadline - started).total_seconds()
-            limit = min(step.timeout or run_left, run_left)
-            env = StepEnv(
-                self._clock, self._http, self._allow_private, run.run_id, run.flow_id, attempt
-            )
-            self.in_step.add(run.run_id)
-            try:
-                async with asyncio.timeout(limit):
-                    outcome = await step.run(ctx, env)
-            except TimeoutError:
-                if step.timeout is None or run_left <= step.timeout:
-                    return await self._timed_out(run, pending, idx, step.id, compiled.timeout)
-                outcome = Outcome(
-                    error={
-                        "type": "timeout",
-                        "message": f"step took longer than {step.timeout:g} s",
-                    },
-                    action="fail",
-                )
-            except Exception as exc:  # noqa: BLE001 - a step that raises fails that step only
-                log.warning("run %s: step %s raised %s", run.run_id, step.id, type(exc).__name__)
-                outcome = Outcome(
-                    error={"type": "internal", "message": f"{type(exc).__name__}: {exc}"},
-                    action="fail",
-                )
-            finally:
-                self.in_step.discard(run.run_id)
-            self._open.pop(run.run_id, None)
-            _check_output(outcome, self._max_output)
-            finished = self._clock.now()
-
-            if outcome.action == "wait" and outcome.wait_until is not None:
-                record = RunStep(
-                    idx,
-                    step.id,
-                    step.type,
-                    StepStatus.WAITING,
-                    attempt,
-                    started,
-                    None,
-                    None,
-                    outcome.output,
-                )
-                pending.steps.append(record)
-                return await self._release(run, pending, idx, min(outcome.wait_until, deadline))
-
-            if outcome.error is not None:
-                # an interrupted attempt does not use up the retry budget
-                delay = backoff_seconds(step.retry, attempt - len(interrupted))
-                if delay is not None:
-                    record = RunStep(
-                        idx,
-                        step.id,
-                        step.type,
-                        StepStatus.RETRYING,
-                        attempt,
-                        started,
-                        finished,
-                        _ms(started, finished),
-                        outcome.output,
-                        outcome.error,
-                        interrupted,
-                    )
-                    pending.events.append(self._step_event(run, record, finished, will_retry=True))
-                    pending.steps.append(record)
-                    wake = min(finished + timedelta(seconds=delay), deadline)
-                    return await self._release(run, pending, idx, wake)
-
-            record = RunStep(
-                idx=idx,
-                step_id=step.id,
-                type=step.type,
-                status=StepStatus.FAILED if outcome.error else StepStatus.COMPLETED,
-                attempts=attempt,
-                started_at=started,
-                finished_at=finished,
-                duration_ms=_ms(started, finished),
-                output=outcome.output,
-                error=outcome.error,
-                interrupted=interrupted,
-            )
-            self._record(run, pending, ctx, record, will_retry=False)
-            idx += 1
-            if outcome.action == "fail":
-                error = dict(outcome.error or {"type": "fail", "message": "step failed"})
-                error["step"] = step.id
-                return await self._finish(
-                    run, pending, RunStatus.FAILED, next_step=idx, error=error
-                )
-            if outcome.action == "end":
-                break
-            if outcome.action == "goto":
-                skip_to = outcome.target
-            following = compiled.steps[idx] if idx < len(compiled.steps) else None
-            if not step.pure and not (skip_to is None and following and following.external):
-                await self._commit(run, pending, idx)
-                pending = _Pending()
-            # else the commit that records the next step's start records this result too
-
-        output = None
-        if compiled.output is not None:
-            try:
-                output = await evaluate(compiled.output, ctx)
-                problem = _output_problem(output, self._max_output)
-            except ExpressionError as exc:
-                problem = str(exc)
-            if problem is not None:
-                failure = {"type": "expression", "message": f"flow output: {problem}", "step": None}
-                return await self._finish(
-                    run, pending, RunStatus.FAILED, next_step=idx, error=failure
-                )
-        return await self._finish(run, pending, RunStatus.COMPLETED, next_step=idx, output=output)
-
-    def _record(
-        self, run: Run, pending: _Pending, ctx: Context, record: RunStep, *, will_retry: bool
-    ) -> None:
-        metrics.STEP_SECONDS.labels(type=record.type, status=str(record.status)).observe(
-            (record.duration_ms or 0) / 1000
+        return _InFlight(
+            run=run,
+            flow=compiled,
+            earlier=earlier,
+            ctx=_context(run, earlier),
+            deadline=run.started_at + timedelta(seconds=compiled.timeout),
+            idx=run.next_step,
+            pending=pending,
         )
-        pending.steps.append(record)
-        pending.events.append(
-            self._step_event(
-                run, record, record.finished_at or self._clock.now(), will_retry=will_retry
-            )
-        )
-        ctx["steps"][record.step_id] = {"output": record.output, "status": str(record.status)}
-        run.steps_executed += 1
 
-    def _step_event(self, run: Run, step: RunStep, now: datetime, *, will_retry: bool) -> Event:
-        payload: dict[str, Any] = {
-            "step_id": step.step_id,
-            "type": step.type,
-            "attempt": step.attempts,
-            "duration_ms": step.duration_ms,
-        }
-        if step.error is not None:
-            payload["error"] = step.error
-            payload["will_retry"] = will_retry
-            return self._event(run, "flow.step_failed", payload, now)
-        payload["output"] = step.output
-        return self._event(run, "flow.step_completed", payload, now)
+    async def _admit(self, run: Run, cap: int) -> bool:
+        """Whether the flow's ``concurrency`` lets the run go on now. The count and what
+        follows from it are one write transaction, serialised per flow: a queued run that
+        goes is started there (``running``, ``flow.started``) before it takes a step; one held
+        back is deferred a moment."""
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if await runs_store.count_in_flight_ahead(conn, run, now) >= cap:
+                await runs_store.defer(
+                    conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
+                )
+                return False
+            if run.status is RunStatus.QUEUED:
+                pending = _Pending()
+                self._start(run, pending)
+                values = {
+                    **pending.values,
+                    "next_step": run.next_step,
+                    "steps_executed": run.steps_executed,
+                }
+                change = runs_store.StatusChange(RunStatus.RUNNING, values)
+                progress = runs_store.Progress(run.run_id, (change,), [], pending.events)
+                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+                if not ok:
+                    raise runs_store.LeaseLost(run.run_id)
+                run.status = RunStatus.RUNNING
+        return True
+
+    def _start(self, run: Run, pending: _Pending) -> None:
+        """A queued run starts now (``flow.started``, committed with what follows)."""
+        now = self._clock.now()
+        run.started_at = now
+        pending.values["started_at"] = now
+        metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
+        payload = {"status": "running", "trigger": run.trigger, "flow_version": run.flow_version}
+        pending.events.append(run_event(run, "flow.started", payload, now))
 
     async def _load_earlier(self, run: Run) -> dict[int, RunStep]:
         """The step records of a resumed run, by index; notes a ``running`` one, which a
@@ -434,12 +335,249 @@ class Executor:
                 self._open[run.run_id] = (s, True)
         return earlier
 
-    async def _begin(self, run: Run, pending: _Pending, marker: RunStep) -> None:
-        """Commit what is pending with the start of an external step's attempt (``marker``,
-        status ``running``), before the attempt runs."""
-        pending.steps.append(marker)
-        await self._commit(run, pending, marker.idx)
-        self._open[run.run_id] = (marker, False)
+    # -- one step ------------------------------------------------------------------------
+
+    async def _next_step(self, state: _InFlight) -> RunStatus | None:
+        """Skip, wake or attempt the step at ``state.idx``; the status the run is left in when
+        it stops here (ended, or asleep until a wake-up), else ``None``."""
+        step = state.flow.steps[state.idx]
+        if state.skip_to is not None and step.id != state.skip_to:
+            self._skip(state, step)
+            return None
+        state.skip_to = None
+        now = self._clock.now()
+        if now >= state.deadline:
+            return await self._timed_out(state, step.id)
+        prior = state.earlier.get(state.idx)
+        if prior is not None and prior.status is StepStatus.WAITING:
+            return await self._wake(state, prior, now)
+        attempt = await self._begin(state, step, prior, now)
+        outcome = await self._attempt(state, attempt)
+        if outcome is None:
+            return await self._timed_out(state, step.id)
+        return await self._settle(state, attempt, outcome)
+
+    def _skip(self, state: _InFlight, step: Step) -> None:
+        """Record ``step`` skipped by a ``goto`` past it."""
+        state.pending.steps.append(
+            RunStep(
+                idx=state.idx,
+                step_id=step.id,
+                type=step.type,
+                status=StepStatus.SKIPPED,
+                attempts=0,
+            )
+        )
+        state.ctx["steps"][step.id] = {"output": None, "status": "skipped"}
+        state.idx += 1
+
+    async def _wake(self, state: _InFlight, prior: RunStep, now: datetime) -> RunStatus | None:
+        """A step that waits (a delay) is done once its time has come; before that the run
+        sleeps again."""
+        until = _parse_time(prior.output["until"])
+        if now < until:
+            return await self._release(state, min(until, state.deadline))
+        duration = elapsed_ms(prior.started_at or now, now)
+        record = replace(prior, status=StepStatus.COMPLETED, finished_at=now, duration_ms=duration)
+        self._record(state, record)
+        state.idx += 1
+        return None
+
+    async def _begin(
+        self, state: _InFlight, step: Step, prior: RunStep | None, now: datetime
+    ) -> _Attempt:
+        """Before an attempt: a step with effects outside has its start (``running``)
+        committed with what is pending; any other step that is not pure commits what is
+        pending."""
+        number, interrupted = _next_attempt(prior)
+        if step.external:
+            marker = RunStep(
+                idx=state.idx,
+                step_id=step.id,
+                type=step.type,
+                status=StepStatus.RUNNING,
+                attempts=number,
+                started_at=now,
+                interrupted=interrupted,
+            )
+            state.pending.steps.append(marker)
+            await self._commit(state)
+            self._open[state.run.run_id] = (marker, False)
+        elif not step.pure and state.pending:
+            await self._commit(state)
+        return _Attempt(step, state.idx, number, interrupted, self._clock.now())
+
+    async def _attempt(self, state: _InFlight, attempt: _Attempt) -> Outcome | None:
+        """Run the step within its own timeout and what is left of the run's; its outcome (a
+        step that raises or overruns its timeout fails), or ``None`` when the run's time is
+        up."""
+        run, step = state.run, attempt.step
+        run_left = (state.deadline - attempt.started).total_seconds()
+        limit = min(step.timeout or run_left, run_left)
+        env = StepEnv(
+            self._clock, self._http, self._allow_private, run.run_id, run.flow_id, attempt.number
+        )
+        self.in_step.add(run.run_id)
+        try:
+            async with asyncio.timeout(limit):
+                outcome = await step.run(state.ctx, env)
+        except TimeoutError:
+            if step.timeout is None or run_left <= step.timeout:
+                return None
+            outcome = failure("timeout", f"step took longer than {step.timeout:g} s")
+        except Exception as exc:  # noqa: BLE001 - a step that raises fails that step only
+            log.warning("run %s: step %s raised %s", run.run_id, step.id, type(exc).__name__)
+            outcome = failure("internal", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.in_step.discard(run.run_id)
+        self._open.pop(run.run_id, None)
+        _check_output(outcome, self._max_output)
+        return outcome
+
+    # -- settle: record the outcome --------------------------------------------------------
+
+    async def _settle(
+        self, state: _InFlight, attempt: _Attempt, outcome: Outcome
+    ) -> RunStatus | None:
+        """Record the attempt's outcome: the run sleeps (a wait, a retry's backoff), fails, or
+        goes on."""
+        finished = self._clock.now()
+        if outcome.action == "wait" and outcome.wait_until is not None:
+            state.pending.steps.append(
+                RunStep(
+                    idx=attempt.idx,
+                    step_id=attempt.step.id,
+                    type=attempt.step.type,
+                    status=StepStatus.WAITING,
+                    attempts=attempt.number,
+                    started_at=attempt.started,
+                    output=outcome.output,
+                )
+            )
+            return await self._release(state, min(outcome.wait_until, state.deadline))
+        if outcome.error is not None:
+            # an interrupted attempt does not use up the retry budget
+            delay = backoff_seconds(attempt.step.retry, attempt.number - len(attempt.interrupted))
+            if delay is not None:
+                record = attempt.record(StepStatus.RETRYING, finished, outcome)
+                state.pending.events.append(self._step_event(state.run, record, will_retry=True))
+                state.pending.steps.append(record)
+                wake = min(finished + timedelta(seconds=delay), state.deadline)
+                return await self._release(state, wake)
+        status = StepStatus.FAILED if outcome.error else StepStatus.COMPLETED
+        self._record(state, attempt.record(status, finished, outcome))
+        state.idx += 1
+        return await self._go_on(state, attempt.step, outcome)
+
+    async def _go_on(self, state: _InFlight, step: Step, outcome: Outcome) -> RunStatus | None:
+        """After a step's result: follow its ``action`` (fail, end, goto, continue) and commit
+        the result of a step that is not pure, unless the next step's start will carry it."""
+        if outcome.action == "fail":
+            error = dict(outcome.error or {"type": "fail", "message": "step failed"})
+            error["step"] = step.id
+            return await self._finish(
+                state.run, state.pending, RunStatus.FAILED, next_step=state.idx, error=error
+            )
+        if outcome.action == "end":
+            state.ended = True
+            return None
+        if outcome.action == "goto":
+            state.skip_to = outcome.target
+        steps = state.flow.steps
+        following = steps[state.idx] if state.idx < len(steps) else None
+        if not step.pure and not (state.skip_to is None and following and following.external):
+            await self._commit(state)
+        # else the commit that records the next step's start records this result too
+        return None
+
+    def _record(self, state: _InFlight, record: RunStep) -> None:
+        """A step's final record (completed or failed), its event, and what later steps see
+        of it."""
+        metrics.STEP_SECONDS.labels(type=record.type, status=str(record.status)).observe(
+            (record.duration_ms or 0) / 1000
+        )
+        state.pending.steps.append(record)
+        state.pending.events.append(self._step_event(state.run, record, will_retry=False))
+        state.ctx["steps"][record.step_id] = {
+            "output": record.output,
+            "status": str(record.status),
+        }
+        state.run.steps_executed += 1
+
+    def _step_event(self, run: Run, step: RunStep, *, will_retry: bool) -> Event:
+        now = step.finished_at or self._clock.now()
+        payload: dict[str, Any] = {
+            "step_id": step.step_id,
+            "type": step.type,
+            "attempt": step.attempts,
+            "duration_ms": step.duration_ms,
+        }
+        if step.error is not None:
+            payload["error"] = step.error
+            payload["will_retry"] = will_retry
+            return run_event(run, "flow.step_failed", payload, now)
+        payload["output"] = step.output
+        return run_event(run, "flow.step_completed", payload, now)
+
+    async def _commit(self, state: _InFlight, **extra: Any) -> None:
+        """Commit what is pending with the run's progress (still ``running``)."""
+        run, pending = state.run, state.pending
+        values = {
+            **pending.values,
+            "next_step": state.idx,
+            "steps_executed": run.steps_executed,
+            **extra,
+        }
+        await self._write(
+            run,
+            (runs_store.StatusChange(RunStatus.RUNNING, values),),
+            pending.steps,
+            pending.events,
+        )
+        run.status = RunStatus.RUNNING
+        state.pending = _Pending()
+
+    async def _release(self, state: _InFlight, wake: datetime) -> RunStatus:
+        """Give the run back until ``wake`` (a delay or a retry backoff): no lease, and the
+        lost-worker count starts again."""
+        await self._commit(
+            state,
+            available_at=wake,
+            due_at=wake,
+            lease_owner=None,
+            lease_expires_at=None,
+            claims=0,
+        )
+        return RunStatus.RUNNING
+
+    # -- finish: end the run ---------------------------------------------------------------
+
+    async def _complete(self, state: _InFlight) -> RunStatus:
+        """No step is left (or one ended the run): the flow's output, and the run completes;
+        it fails when that output cannot be evaluated or stored."""
+        output = None
+        compiled = state.flow
+        if compiled.output is not None:
+            try:
+                output = await evaluate(compiled.output, state.ctx)
+                problem = _output_problem(output, self._max_output)
+            except ExpressionError as exc:
+                problem = str(exc)
+            if problem is not None:
+                error = {"type": "expression", "message": f"flow output: {problem}", "step": None}
+                return await self._finish(
+                    state.run, state.pending, RunStatus.FAILED, next_step=state.idx, error=error
+                )
+        return await self._finish(
+            state.run, state.pending, RunStatus.COMPLETED, next_step=state.idx, output=output
+        )
+
+    async def _timed_out(self, state: _InFlight, step_id: str) -> RunStatus:
+        timeout = state.flow.timeout
+        error = {"type": "timeout", "message": f"run exceeded {timeout:g} s", "step": step_id}
+        return await self._finish(
+            state.run, state.pending, RunStatus.FAILED, next_step=state.idx, error=error
+        )
 
     def _close_open(
         self, run: Run, pending: _Pending, now: datetime, error: dict[str, Any] | None, *, cut: bool
@@ -455,52 +593,18 @@ class Executor:
             return
         step, crashed = found
         started = step.started_at or now
-        pending.steps.append(
-            RunStep(
-                step.idx,
-                step.step_id,
-                step.type,
-                StepStatus.FAILED,
-                step.attempts,
-                started,
-                now,
-                _ms(started, now),
-                None,
-                {k: v for k, v in (error or {}).items() if k != "step"} or None,
-                (*step.interrupted, step.attempts) if cut or crashed else step.interrupted,
-            )
+        error = {k: v for k, v in (error or {}).items() if k != "step"} or None
+        failed = replace(
+            step,
+            status=StepStatus.FAILED,
+            started_at=started,
+            finished_at=now,
+            duration_ms=elapsed_ms(started, now),
+            output=None,
+            error=error,
+            interrupted=(*step.interrupted, step.attempts) if cut or crashed else step.interrupted,
         )
-
-    async def _commit(self, run: Run, pending: _Pending, next_step: int, **extra: Any) -> None:
-        values = {
-            **pending.values,
-            "next_step": next_step,
-            "steps_executed": run.steps_executed,
-            **extra,
-        }
-        await self._write(run, ((RunStatus.RUNNING, values, True),), pending.steps, pending.events)
-        run.status = RunStatus.RUNNING
-
-    async def _release(self, run: Run, pending: _Pending, idx: int, wake: datetime) -> RunStatus:
-        """Give the run back until ``wake`` (a delay or a retry backoff): no lease, and the
-        lost-worker count starts again."""
-        await self._commit(
-            run,
-            pending,
-            idx,
-            available_at=wake,
-            due_at=wake,
-            lease_owner=None,
-            lease_expires_at=None,
-            claims=0,
-        )
-        return RunStatus.RUNNING
-
-    async def _timed_out(
-        self, run: Run, pending: _Pending, idx: int, step_id: str, timeout: float
-    ) -> RunStatus:
-        error = {"type": "timeout", "message": f"run exceeded {timeout:g} s", "step": step_id}
-        return await self._finish(run, pending, RunStatus.FAILED, next_step=idx, error=error)
+        pending.steps.append(failed)
 
     async def _finish(
         self,
@@ -512,8 +616,9 @@ class Executor:
         output: Any = None,
         error: dict[str, Any] | None = None,
     ) -> RunStatus:
+        """End the run ``completed`` or ``failed`` with what is pending and its final event."""
         now = self._clock.now()
-        duration = _ms(run.started_at or now, now)
+        duration = elapsed_ms(run.started_at or now, now)
         self._close_open(run, pending, now, error, cut=False)
         values: dict[str, Any] = {
             **pending.values,
@@ -525,25 +630,10 @@ class Executor:
         }
         if next_step is not None:
             values["next_step"] = next_step
-        if status is RunStatus.COMPLETED:
-            payload = {
-                **(output if isinstance(output, dict) else {}),
-                "status": "completed",
-                "steps_executed": run.steps_executed,
-                "duration_ms": duration,
-            }
-            pending.events.append(self._event(run, "flow.completed", payload, now))
-        else:
-            payload = {
-                "status": "failed",
-                "error": error,
-                "steps_executed": run.steps_executed,
-                "duration_ms": duration,
-            }
-            pending.events.append(self._event(run, "flow.failed", payload, now))
-        changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...] = ((status, values, True),)
+        pending.events.append(_ended_event(run, status, values, now))
+        changes: tuple[runs_store.StatusChange, ...] = (runs_store.StatusChange(status, values),)
         if run.status is RunStatus.QUEUED:  # started and finished in one commit
-            changes = ((RunStatus.RUNNING, {}, True), *changes)
+            changes = (runs_store.StatusChange(RunStatus.RUNNING, {}), *changes)
         await self._write(run, changes, pending.steps, pending.events)
         metrics.RUNS_FINISHED.labels(status=str(status)).inc()
         run.status = status
@@ -563,21 +653,38 @@ class Executor:
         return None
 
     async def _cancel(self, run: Run) -> RunStatus:
+        """End the run ``cancelled``; a step attempt left open fails, interrupted."""
         now = self._clock.now()
-        duration = _ms(run.started_at, now) if run.started_at else None
-        event = self._event(
-            run,
-            "flow.cancelled",
-            {"status": "cancelled", "steps_executed": run.steps_executed, "duration_ms": duration},
-            now,
-        )
-        values = {"finished_at": now, "duration_ms": duration}
+        values = {"finished_at": now, "duration_ms": run_duration_ms(run, now)}
         pending = _Pending()
         stopped = {"type": "cancelled", "message": "the run was cancelled during this step"}
         self._close_open(run, pending, now, stopped, cut=True)
-        await self._write(run, ((RunStatus.CANCELLED, values, False),), pending.steps, [event])
+        cancel = runs_store.StatusChange(RunStatus.CANCELLED, values, honour_cancel=False)
+        await self._write(run, (cancel,), pending.steps, [cancelled_event(run, now)])
         metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
+
+
+def _ended_event(run: Run, status: RunStatus, values: dict[str, Any], now: datetime) -> Event:
+    """``flow.completed`` (its payload: the flow's output when an object, then the summary) or
+    ``flow.failed`` for ``run`` ending ``status`` with ``values``."""
+    steps, duration = values["steps_executed"], values["duration_ms"]
+    if status is RunStatus.COMPLETED:
+        output = values["output"]
+        payload = {
+            **(output if isinstance(output, dict) else {}),
+            "status": "completed",
+            "steps_executed": steps,
+            "duration_ms": duration,
+        }
+        return run_event(run, "flow.completed", payload, now)
+    payload = {
+        "status": "failed",
+        "error": values["error"],
+        "steps_executed": steps,
+        "duration_ms": duration,
+    }
+    return run_event(run, "flow.failed", payload, now)
 
 
 def _next_attempt(prior: RunStep | None) -> tuple[int, tuple[int, ...]]:

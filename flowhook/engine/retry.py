@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowhook.backoff import backoff as exponential
+
 __all__ = ["max_attempts", "backoff_seconds"]
 
 DEFAULT_BACKOFF = 1.0
@@ -22,4 +24,4 @@ def backoff_seconds(retry: dict[str, Any] | None, attempt: int) -> float | None:
     backoff = (retry or {}).get("backoff_seconds", DEFAULT_BACKOFF)
     if isinstance(backoff, list):
         return float(backoff[min(attempt - 1, len(backoff) - 1)])
-    return float(backoff) * 2.0 ** (attempt - 1)
+    return exponential(attempt, float(backoff))

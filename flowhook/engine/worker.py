@@ -1,26 +1,30 @@
-"""The worker loop: claim due runs in batches, run each as an asyncio task, keep leases alive,
+"""The worker: claim due runs in batches, run each as an asyncio task, keep leases alive,
 and interrupt runs someone cancelled.
 
-Idle, it sleeps until woken (a run was queued in this process, or NOTIFY from another) or
-until the next sleeping run is due, with a slow poll as the fallback. It never holds more
-than ``concurrency`` runs.
+The claim loop, its idle wait, start, stop and drain are the skeleton the webhook
+dispatcher shares (:class:`~flowhook.consumer.Consumer`). It never holds more than
+``concurrency`` runs. Runs' progress is written by one
+:class:`~flowhook.group_commit.GroupCommit`; stopping waits for it, then hands back the runs
+it cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Coroutine, Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
 import aiohttp
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import logs
 from flowhook.clock import Clock
+from flowhook.consumer import Consumer
 from flowhook.engine.executor import DEFAULT_MAX_OUTPUT_BYTES, Executor
 from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
@@ -60,7 +64,10 @@ def new_owner_id() -> str:
     return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Worker:
+class Worker(Consumer):
+    _name = "worker"
+    _log = log
+
     def __init__(
         self,
         db: Database,
@@ -76,18 +83,20 @@ class Worker:
         plugins: list[str] | None = None,
         owner: str | None = None,
     ) -> None:
-        self.db = db
-        self.clock = clock
-        self.wakeup = wakeup
+        super().__init__(
+            db,
+            clock,
+            wakeup,
+            owner or new_owner_id(),
+            capacity=concurrency,
+            poll=poll_interval,
+        )
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
-        self.poll_interval = poll_interval
-        self.owner = owner or new_owner_id()
         self._max_claims = max_claims
         self._allow_private = allow_private_targets
         self._max_output = max_step_output_bytes
         load_plugins(plugins or [])
-        self.http: aiohttp.ClientSession | None = None
         self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(
             self._commit_progress, max_batch=PROGRESS_BATCH, isolate=redo_alone
         )
@@ -99,11 +108,6 @@ class Worker:
             max_output_bytes=max_step_output_bytes,
             apply=self._writes.submit,
         )
-        self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._last_limit = 0
-        """How many the last claim could take."""
-        self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
 
     async def open(self) -> None:
         """Create the shared HTTP session (without starting the loops; tests drive run_once)."""
@@ -128,61 +132,37 @@ class Worker:
             lambda conn: runs_store.apply_progress(conn, batch, owner=self.owner)
         )
 
-    async def start(self) -> None:
-        await self.open()
-        self._tasks = [
-            asyncio.create_task(self._loop(), name="flowhook-worker"),
-            asyncio.create_task(self._heartbeat(), name="flowhook-heartbeat"),
-            asyncio.create_task(self._watch_cancels(), name="flowhook-cancels"),
-        ]
+    def _side_loops(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {"flowhook-heartbeat": self._heartbeat(), "flowhook-cancels": self._watch_cancels()}
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """Stop claiming; let runs in flight finish for ``grace`` seconds, then cancel them and
-        hand them back, so another process resumes them at once."""
-        self._stopping.set()
-        self.wakeup.notify()
-        if self._inflight:
-            await asyncio.wait(list(self._inflight.values()), timeout=grace)
-        unfinished = list(self._inflight)
-        for task in [*self._inflight.values(), *self._tasks]:
-            task.cancel()
-        for task in [*self._inflight.values(), *self._tasks]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+    async def _stopped(self, unfinished: list[str]) -> None:
+        """Once the progress written so far is committed, hand back the runs ``stop``
+        cancelled, so another process resumes them at once."""
         await self._writes.wait_idle()
-        if unfinished:
-            try:
-                handed = await self.db.retrying(
-                    lambda conn: runs_store.hand_back(
-                        conn, owner=self.owner, run_ids=unfinished, now=self.clock.now()
-                    )
+        if not unfinished:
+            return
+        try:
+            handed = await self.db.retrying(
+                lambda conn: runs_store.hand_back(
+                    conn, owner=self.owner, run_ids=unfinished, now=self.clock.now()
                 )
-                log.info("worker: handed back %d unfinished runs", handed)
-            except Exception:
-                log.exception("worker: hand-back failed; the runs resume when their leases end")
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
+            )
+            log.info("worker: handed back %d unfinished runs", handed)
+        except Exception:
+            log.exception("worker: hand-back failed; the runs resume when their leases end")
 
-    async def run_once(self) -> int:
-        """Claim and start what is due now; the number of runs claimed."""
-        free = self.concurrency - len(self._inflight)
-        self._last_limit = free
-        if free <= 0:
-            return 0
+    async def _claim(self, limit: int) -> int:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             claimed = await runs_store.claim_runs(
-                conn, owner=self.owner, now=now, lease_until=now + self.lease, limit=free
+                conn, owner=self.owner, now=now, lease_until=now + self.lease, limit=limit
             )
         for run in claimed:
             self._inflight[run.run_id] = asyncio.create_task(self._execute(run))
         return len(claimed)
 
-    async def drain(self) -> None:
-        """Wait for every run in flight (for tests)."""
-        while self._inflight:
-            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+    async def _next_due(self, conn: AsyncConnection) -> datetime | None:
+        return await runs_store.next_due(conn)
 
     async def _execute(self, run: Run) -> None:
         logs.run_id.set(run.run_id)
@@ -231,40 +211,6 @@ class Worker:
         if released:
             log.warning("run %s: released; it resumes from its last committed step", run_id)
             self.wakeup.notify()
-
-    async def _idle_wait(self) -> None:
-        timeout = self.poll_interval
-        try:
-            async with self.db.read() as conn:
-                due = await runs_store.next_due(conn)
-            if due is not None:
-                timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()) + 0.005)
-        except StoreUnavailable:
-            pass
-        await self.wakeup.wait(timeout)
-
-    async def _loop(self) -> None:
-        backoff = 0.1
-        while not self._stopping.is_set():
-            self.wakeup.clear()
-            try:
-                claimed = await self.run_once()
-                backoff = 0.1
-            except StoreUnavailable:
-                log.warning("worker: store unavailable; retrying in %.1fs", backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            except Exception:
-                log.exception("worker: claim failed")
-                await asyncio.sleep(1.0)
-                continue
-            if claimed >= self._last_limit and len(self._inflight) < self.concurrency:
-                continue  # the batch was full: more may be due (a partial one took it all)
-            if len(self._inflight) >= self.concurrency:
-                await self.wakeup.wait(self.poll_interval)  # a finishing run wakes us
-            else:
-                await self._idle_wait()
 
     async def beat(self, run_ids: Sequence[str]) -> int:
         """One heartbeat: extend this worker's leases on ``run_ids`` (retried when it loses a

@@ -10,7 +10,7 @@ from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
-from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.store import flows as flows_store
 from flowhook.store.db import Database
 from flowhook.store.models import Flow
@@ -83,9 +83,7 @@ class FlowService:
             rows = await flows_store.list_flows(
                 conn, who.workspace_id, who.mode, limit=limit + 1, after=after
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].flow_id if more else None)
+        return page_of(rows, limit, lambda row: row.flow_id)
 
     async def archive(self, who: Principal, flow_id: str) -> None:
         async with self._db.transaction() as conn:

@@ -30,7 +30,7 @@ from flowhook.events import make_event
 from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
-from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
 from flowhook.store import events as events_store
@@ -106,9 +106,7 @@ class HookService:
             rows = await store.list_hooks(
                 conn, who.workspace_id, who.mode, limit=limit + 1, after=after
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].id if more else None)
+        return page_of(rows, limit, lambda row: row.id)
 
     async def delete(self, who: Principal, hook_id: str) -> None:
         hook = await self.get(who, hook_id)
@@ -174,10 +172,10 @@ class HookService:
             payload = _payload(body, content_type)
             encoded = encode_json(payload, "the body")
         except InvalidInput as exc:
-            await self._record(hook, body, content_type, accepted=False, reason="invalid JSON")
+            await self._record_refusal(hook, body, content_type, "invalid JSON")
             raise exc from None
         except _Refused as refused:
-            await self._record(hook, body, content_type, accepted=False, reason=refused.reason)
+            await self._record_refusal(hook, body, content_type, refused.reason)
             raise refused.error from None
         key = _delivery_id(hook, lowered)
         arrival = _Payload(body, content_type, payload, encoded)
@@ -187,19 +185,13 @@ class HookService:
             # The same delivery id committed by a concurrent request first: answer as its copy.
             return await self._accept(hook, arrival, key)
 
-    async def _record(
-        self,
-        hook: Hook,
-        body: bytes,
-        content_type: str,
-        *,
-        accepted: bool,
-        reason: str | None,
-        run_id: str | None = None,
+    async def _record_refusal(
+        self, hook: Hook, body: bytes, content_type: str, reason: str
     ) -> None:
+        """The ``webhook.delivered`` event of an arrival refused before any run was made."""
         async with self._db.transaction() as conn:
             await events_store.insert_events(
-                conn, [self._delivered(hook, body, content_type, accepted, reason, run_id)]
+                conn, [self._delivered(hook, body, content_type, False, reason, None)]
             )
 
     def _delivered(

@@ -21,7 +21,7 @@ from flowhook.errors import (
     NotFound,
     StoreUnavailable,
 )
-from flowhook.events import make_event
+from flowhook.events import cancelled_event, run_duration_ms
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
@@ -281,37 +281,29 @@ class RunService:
             raise _run_not_found(run_id)
         now = self._clock.now()
         async with self._db.transaction() as conn:
-            if await runs_store.cancel_unleased(conn, who.workspace_id, who.mode, run_id, now):
-                run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
-                assert run is not None
-                await events_store.insert_events(
-                    conn,
-                    [
-                        make_event(
-                            "flow.cancelled",
-                            workspace_id=run.workspace_id,
-                            mode=run.mode,
-                            flow_id=run.flow_id,
-                            run_id=run.run_id,
-                            payload={
-                                "status": "cancelled",
-                                "steps_executed": 0,
-                                "duration_ms": None,
-                            },
-                            now=now,
-                        )
-                    ],
-                )
+            run = await self._unfinished(conn, who, run_id)
+            duration = run_duration_ms(run, now)
+            if await runs_store.cancel_unleased(
+                conn, who.workspace_id, who.mode, run_id, now,
+                duration_ms=duration, steps_executed=run.steps_executed,
+            ):  # fmt: skip
+                run.status = RunStatus.CANCELLED
+                run.finished_at = run.cancel_requested_at = now
+                run.duration_ms = duration
+                await events_store.insert_events(conn, [cancelled_event(run, now)])
                 return run
-            run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
-            if run is None:
-                raise _run_not_found(run_id)
-            if run.status.terminal:
-                raise Conflict(
-                    f"run {run_id!r} has already ended ({run.status})", code="run_finished"
-                )
+            run = await self._unfinished(conn, who, run_id)  # a worker holds it, or it ended
             if run.cancel_requested_at is None:
                 await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
                 run.cancel_requested_at = now
         self._wakeup.notify()
+        return run
+
+    async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:
+        """The run, which has not ended yet (else Conflict)."""
+        run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+        if run is None:
+            raise _run_not_found(run_id)
+        if run.status.terminal:
+            raise Conflict(f"run {run_id!r} has already ended ({run.status})", code="run_finished")
         return run

@@ -22,7 +22,7 @@ from flowhook.errors import InvalidInput, NotFound
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
-from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import schedules as store
@@ -102,9 +102,7 @@ class ScheduleService:
             rows = await store.list_schedules(
                 conn, who.workspace_id, who.mode, limit=limit + 1, after=after
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].id if more else None)
+        return page_of(rows, limit, lambda row: row.id)
 
     async def update(self, who: Principal, schedule_id: str, changes: dict[str, Any]) -> Schedule:
         s = await self.get(who, schedule_id)

@@ -277,33 +277,8 @@ class WebhookService:
             return await self._replay(conn, original)
 
     async def _replay(self, conn: Any, original: Delivery) -> Delivery:
-        now = self._clock.now()
-        copy = Delivery(
-            id=new_id("dlv"),
-            event_id=original.event_id,
-            endpoint_id=original.endpoint_id,
-            workspace_id=original.workspace_id,
-            mode=original.mode,
-            event_type=original.event_type,
-            run_id=original.run_id,
-            status=DeliveryStatus.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-            replay_of=original.id,
-        )
-        await store.insert_deliveries(
-            conn,
-            [
-                {
-                    "id": copy.id, "event_id": copy.event_id, "endpoint_id": copy.endpoint_id,
-                    "workspace_id": copy.workspace_id, "mode": str(copy.mode),
-                    "event_type": copy.event_type, "run_id": copy.run_id, "status": "pending",
-                    "attempts": 0, "next_attempt_at": now, "created_at": now,
-                    "replay_of": original.id,
-                }
-            ],
-        )  # fmt: skip
+        copy = original.replayed(new_id("dlv"), self._clock.now())
+        await store.insert_deliveries(conn, [copy])
         return copy
 
     async def recover(

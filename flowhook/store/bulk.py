@@ -7,6 +7,12 @@ time under load. On SQLite, :func:`insert` hands the rows to ``sqlite3``'s execu
 converted once per column to exactly what SQLAlchemy would have stored (a test compares the
 two byte for byte), inside the same transaction; :func:`update` does the same for updates by
 key. PostgreSQL keeps SQLAlchemy's path.
+
+:func:`update_each` is the guarded form the state machine writes with: each row's update
+carries a guard (its status among the legal sources, the lease owner), and the caller learns
+row by row which ones the database applied. On SQLite that is one execution per row on the
+same prepared statement (microseconds each); on PostgreSQL one ``UPDATE … FROM unnest(…)
+RETURNING`` per call, whose text does not depend on the number of rows, so it is prepared once.
 """
 
 from __future__ import annotations
@@ -19,15 +25,15 @@ from typing import Any
 
 import orjson
 import sqlalchemy.exc as sa_exc
-from sqlalchemy import Table, and_, bindparam
+from sqlalchemy import Column, Table, and_, any_, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import JSON, TypeEngine
+from sqlalchemy.types import JSON, BigInteger, Integer, LargeBinary, String, Text, TypeEngine
 
 from flowhook.store.sqlite_inline import InlineConnection
 from flowhook.store.types import UTCDateTime
 
-__all__ = ["insert", "update", "raw_sqlite"]
+__all__ = ["insert", "update", "update_each", "raw_sqlite"]
 
 Convert = Callable[[Any], Any]
 
@@ -38,7 +44,7 @@ def raw_sqlite(conn: AsyncConnection) -> sqlite3.Connection | None:
     if conn.dialect.name != "sqlite":
         return None
     driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
-    return driver._conn if isinstance(driver, InlineConnection) else None
+    return driver.raw if isinstance(driver, InlineConnection) else None
 
 
 def _sqlite_datetime(value: datetime | None) -> str | None:
@@ -58,12 +64,28 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _converter(type_: TypeEngine[Any]) -> Convert:
-    if isinstance(type_, UTCDateTime):
+_STORED_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = frozenset(
+    {String, Text, Integer, BigInteger, LargeBinary}
+)
+"""Types whose values ``sqlite3`` stores as SQLAlchemy's SQLite dialect does (no bind
+processing). Exact classes: a subclass (``Enum`` is a ``String``) may process its values."""
+
+
+def _converter(column: Column[Any]) -> Convert:
+    """How a value of ``column`` is handed to ``sqlite3``: exactly what SQLAlchemy would
+    store. A type with no known conversion fails the plan (and so the write) instead of
+    passing values through that SQLAlchemy would have stored differently."""
+    type_ = column.type
+    if type(type_) is UTCDateTime:
         return _sqlite_datetime
-    if isinstance(type_, JSON):
+    if type(type_) is JSON and not type_.none_as_null:
         return _sqlite_json
-    return _same  # strings, numbers, booleans, bytes: sqlite3 stores them as SQLAlchemy does
+    if type(type_) in _STORED_AS_GIVEN:
+        return _same
+    raise TypeError(
+        f"bulk: no SQLite conversion known for {column.table.name}.{column.name} ({type_!r});"
+        " add one to flowhook/store/bulk.py and the table to tests/integration/test_bulk_insert.py"
+    )
 
 
 def _insert_statement(
@@ -89,8 +111,7 @@ def _plan(
     order = list(compiled.positiontup or ())
     if sorted(order) != sorted(columns):  # pragma: no cover - each column is bound once
         raise RuntimeError(f"unexpected parameters for {table.name}: {order}")
-    types = {c.name: c.type for c in table.columns}
-    return str(compiled), [(name, _converter(types[name])) for name in order]
+    return str(compiled), [(name, _converter(table.c[name])) for name in order]
 
 
 async def insert(
@@ -119,26 +140,33 @@ async def insert(
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
-def _update_statement(table: Table, columns: tuple[str, ...], keys: tuple[str, ...]) -> Any:
-    return (
+def _update_statement(
+    table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None = None
+) -> Any:
+    stmt = (
         table.update()
         .where(and_(*(table.c[k] == bindparam(f"w_{k}") for k in keys)))
         .values({c: bindparam(f"v_{c}") for c in columns})
     )
+    return stmt if guard is None else stmt.where(text(guard))
 
 
 @lru_cache(maxsize=64)
 def _update_plan(
-    table: Table, columns: tuple[str, ...], keys: tuple[str, ...]
+    table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None = None
 ) -> tuple[str, list[tuple[int, str, Convert]]]:
     """SQL, and per parameter: 0 for a value or 1 for a key, its column, its converter."""
-    compiled = _update_statement(table, columns, keys).compile(dialect=sqlite.dialect())
-    types = {c.name: c.type for c in table.columns}
+    compiled = _update_statement(table, columns, keys, guard).compile(dialect=sqlite.dialect())
     plan = []
     for name in compiled.positiontup or ():
         side, column = (0, name[2:]) if name.startswith("v_") else (1, name[2:])
-        plan.append((side, column, _converter(types[column])))
+        plan.append((side, column, _converter(table.c[column])))
     return str(compiled), plan
+
+
+def _bound(values: dict[str, Any], key: dict[str, Any]) -> dict[str, Any]:
+    """One row's parameters for :func:`_update_statement` (SQLAlchemy's path)."""
+    return {**{f"v_{c}": v for c, v in values.items()}, **{f"w_{k}": v for k, v in key.items()}}
 
 
 async def update(
@@ -147,7 +175,8 @@ async def update(
     rows: Sequence[tuple[dict[str, Any], dict[str, Any]]],
 ) -> None:
     """``UPDATE table SET <values> WHERE <key columns = key values>`` for each (values, keys)
-    pair of ``rows``; every pair names the same columns."""
+    pair of ``rows``; every pair names the same columns. Unguarded: for writes whose rows
+    the caller already holds (an attempt's log line); state changes use :func:`update_each`."""
     if not rows:
         return
     columns, keys = tuple(rows[0][0]), tuple(rows[0][1])
@@ -155,13 +184,7 @@ async def update(
     if raw is None:
         await conn.execute(
             _update_statement(table, columns, keys),
-            [
-                {
-                    **{f"v_{c}": v for c, v in values.items()},
-                    **{f"w_{k}": v for k, v in key.items()},
-                }
-                for values, key in rows
-            ],
+            [_bound(values, key) for values, key in rows],
         )
         return
     sql, plan = _update_plan(table, columns, keys)
@@ -170,3 +193,80 @@ async def update(
         raw.executemany(sql, params)
     except sqlite3.Error as exc:
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+
+
+def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
+    # JSON columns are JSONB on PostgreSQL (a variant the ARRAY type would not resolve)
+    return postgresql.JSONB() if isinstance(type_, JSON) else type_
+
+
+@lru_cache(maxsize=64)
+def _unnest_statement(
+    table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None, ordered: bool
+) -> Any:
+    """``UPDATE table SET c = v.c … FROM unnest(<one array per column>) v WHERE <keys match>
+    AND <guard> RETURNING <keys>``: one statement for any number of rows. ``ordered``: the
+    rows are first locked in the order of the first key column, in the same statement."""
+    names = [(f"v_{c}", c) for c in columns] + [(f"k_{k}", k) for k in keys]
+    arrays = {
+        label: bindparam(f"a_{label}", type_=postgresql.ARRAY(_pg_item_type(table.c[n].type)))
+        for label, n in names
+    }
+    v = select(
+        *(func.unnest(arrays[label], type_=table.c[n].type).label(label) for label, n in names)
+    ).subquery("v")
+    stmt = (
+        table.update()
+        .where(and_(*(table.c[k] == v.c[f"k_{k}"] for k in keys)))
+        .values({c: v.c[f"v_{c}"] for c in columns})
+        .returning(*(v.c[f"k_{k}"] for k in keys))
+    )
+    if ordered:
+        first = table.c[keys[0]]
+        locked = select(first).where(first == any_(arrays[f"k_{keys[0]}"])).order_by(first)
+        stmt = stmt.where(first.in_(locked.with_for_update().scalar_subquery()))
+    return stmt if guard is None else stmt.where(text(guard))
+
+
+async def update_each(
+    conn: AsyncConnection,
+    table: Table,
+    rows: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+    *,
+    guard: str | None = None,
+    ordered: bool = False,
+) -> list[bool]:
+    """:func:`update` with a guard, telling for each row whether the database applied it.
+
+    ``guard`` is a condition in SQL with no parameters (statuses written out, as the partial
+    indexes want them), added to every row's key match; key columns that must match a value
+    (the lease owner) go in the row's keys. Rows are updated in the order given on SQLite;
+    on PostgreSQL, with ``ordered``, they are locked in the order of the first key column
+    (the lock order rule), else the caller locks them first when the order matters."""
+    if not rows:
+        return []
+    columns, keys = tuple(rows[0][0]), tuple(rows[0][1])
+    raw = raw_sqlite(conn)
+    if raw is not None:
+        sql, plan = _update_plan(table, columns, keys, guard)
+        cursor = raw.cursor()
+        applied = []
+        try:
+            for pair in rows:
+                cursor.execute(sql, tuple(convert(pair[side][c]) for side, c, convert in plan))
+                applied.append(cursor.rowcount == 1)
+        except sqlite3.Error as exc:
+            raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+        finally:
+            cursor.close()
+        return applied
+    if conn.dialect.name != "postgresql":  # SQLite on another driver
+        stmt = _update_statement(table, columns, keys, guard)
+        return [
+            (await conn.execute(stmt, _bound(values, key))).rowcount == 1 for values, key in rows
+        ]
+    params = {f"a_v_{c}": [values[c] for values, _ in rows] for c in columns}
+    params.update({f"a_k_{k}": [key[k] for _, key in rows] for k in keys})
+    result = await conn.execute(_unnest_statement(table, columns, keys, guard, ordered), params)
+    matched = {tuple(r) for r in result.all()}
+    return [tuple(key[k] for k in keys) in matched for _, key in rows]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,9 +20,10 @@ import asyncpg
 import orjson
 import sqlalchemy.exc as sa_exc
 from pydantic import SecretStr
-from sqlalchemy import event, make_url, text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from flowhook.backoff import backoff
 from flowhook.config import async_database_url
 from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
 from flowhook.store import sqlite_inline
@@ -68,16 +68,14 @@ class Database:
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
         if self.is_sqlite:
-            # The URL's own options (``?uri=true&mode=ro``, ``?timeout=5``) as SQLAlchemy reads them.
-            parsed = make_url(self.async_url)
-            args, options = parsed.get_dialect()().create_connect_args(parsed)
-            common["async_creator"] = sqlite_inline.connect(
-                *args, busy_timeout=sqlite_busy_timeout, **options
-            )
+            # The inline driver's dialect; the URL's own options (``?uri=true&mode=ro``,
+            # ``?timeout=5``) still reach sqlite3 as the aiosqlite dialect reads them.
+            inline = sqlite_inline.engine_url(self.async_url)
+            common["connect_args"] = {"busy_timeout": sqlite_busy_timeout}
             self.writer = create_async_engine(
-                self.async_url, pool_size=1, max_overflow=0, pool_timeout=60, **common
+                inline, pool_size=1, max_overflow=0, pool_timeout=60, **common
             )
-            self.reader = create_async_engine(self.async_url, pool_size=4, max_overflow=4, **common)
+            self.reader = create_async_engine(inline, pool_size=4, max_overflow=4, **common)
             _sqlite_setup(self.writer, sqlite_synchronous, begin="BEGIN IMMEDIATE")
             _sqlite_setup(self.reader, sqlite_synchronous, begin="BEGIN")
         else:
@@ -125,7 +123,7 @@ class Database:
             except WriteConflict as exc:
                 if attempt == CONFLICT_ATTEMPTS:
                     raise
-                delay = CONFLICT_BACKOFF * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)  # noqa: S311 - jitter
+                delay = backoff(attempt, CONFLICT_BACKOFF, jitter=0.5)
                 log.warning("store: %s; retrying the transaction in %.3fs", exc, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover

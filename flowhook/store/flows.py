@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Any
 
@@ -9,6 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import Flow, Mode
+from flowhook.store.rows import from_row, owned
 from flowhook.store.tables import flow_versions, flows
 
 __all__ = [
@@ -77,16 +79,8 @@ async def add_version(
             flow_id=flow.flow_id, version=version, definition=definition, created_at=now
         )
     )
-    return Flow(
-        flow.flow_id,
-        flow.workspace_id,
-        flow.mode,
-        name,
-        version,
-        definition,
-        flow.created_at,
-        now,
-        None,
+    return dataclasses.replace(
+        flow, name=name, version=version, definition=definition, updated_at=now, archived_at=None
     )
 
 
@@ -104,17 +98,7 @@ _FLOW_COLUMNS = (
 
 
 def _flow(row: Any) -> Flow:
-    return Flow(
-        flow_id=row.flow_id,
-        workspace_id=row.workspace_id,
-        mode=Mode(row.mode),
-        name=row.name,
-        version=row.version,
-        definition=row.definition,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        archived_at=row.archived_at,
-    )
+    return from_row(Flow, row, {"mode": Mode})
 
 
 async def get_flow(
@@ -135,11 +119,7 @@ async def get_flow(
     q = (
         select(*_FLOW_COLUMNS)
         .join(flow_versions, (flow_versions.c.flow_id == flows.c.flow_id) & version_match)
-        .where(
-            flows.c.flow_id == flow_id,
-            flows.c.workspace_id == workspace_id,
-            flows.c.mode == str(mode),
-        )
+        .where(owned(flows.c.flow_id, flow_id, workspace_id, mode))
     )
     if not include_archived:
         q = q.where(flows.c.archived_at.is_(None))
@@ -190,12 +170,7 @@ async def archive_flow(
 ) -> bool:
     result = await conn.execute(
         update(flows)
-        .where(
-            flows.c.flow_id == flow_id,
-            flows.c.workspace_id == workspace_id,
-            flows.c.mode == str(mode),
-            flows.c.archived_at.is_(None),
-        )
+        .where(owned(flows.c.flow_id, flow_id, workspace_id, mode), flows.c.archived_at.is_(None))
         .values(archived_at=now, updated_at=now)
     )
     return result.rowcount == 1

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.crypto import SecretBox, cipher
 from flowhook.store.models import Mode
+from flowhook.store.rows import from_row, page
 from flowhook.store.tables import inbound_dedup, inbound_hooks
 
 __all__ = [
@@ -45,10 +46,7 @@ def _verify(verify: dict[str, Any] | None, crypt: Callable[[str], str]) -> dict[
 
 
 def _hook(row: Any, box: SecretBox) -> Hook:
-    return Hook(
-        row.id, row.workspace_id, Mode(row.mode), row.flow_id, _verify(row.verify, box.open),
-        row.dedup_header, row.rate_limit, row.created_at,
-    )  # fmt: skip
+    return from_row(Hook, row, {"mode": Mode}, verify=_verify(row.verify, box.open))
 
 
 async def insert_hook(conn: AsyncConnection, hook: Hook) -> None:
@@ -75,14 +73,7 @@ async def get_hook(
 async def list_hooks(
     conn: AsyncConnection, workspace_id: str, mode: Mode, *, limit: int, after: str | None
 ) -> list[Hook]:
-    q = (
-        select(inbound_hooks)
-        .where(inbound_hooks.c.workspace_id == workspace_id, inbound_hooks.c.mode == str(mode))
-        .order_by(inbound_hooks.c.id.desc())
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(inbound_hooks.c.id < after)
+    q = page(inbound_hooks, inbound_hooks.c.id, workspace_id, mode, limit=limit, after=after)
     box = cipher(conn)
     return [_hook(r, box) for r in (await conn.execute(q)).all()]
 

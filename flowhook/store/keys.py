@@ -8,6 +8,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import ApiKey, Mode, Workspace
+from flowhook.store.rows import from_row
 from flowhook.store.tables import api_keys, workspaces
 
 __all__ = [
@@ -75,16 +76,7 @@ _KEY_COLUMNS = (
 
 
 def _key(row: object) -> ApiKey:
-    r = row._mapping  # type: ignore[attr-defined]
-    return ApiKey(
-        id=r["id"],
-        workspace_id=r["workspace_id"],
-        workspace_name=r["workspace_name"],
-        mode=Mode(r["mode"]),
-        prefix=r["prefix"],
-        created_at=r["created_at"],
-        revoked_at=r["revoked_at"],
-    )
+    return from_row(ApiKey, row, {"mode": Mode})
 
 
 async def find_key_by_hash(conn: AsyncConnection, key_hash: str) -> tuple[ApiKey, str] | None:

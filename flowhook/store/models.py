@@ -1,28 +1,42 @@
-"""Typed rows: what the store hands to the layers above it.
+"""Typed rows: what the store hands to the layers above it, and the states they move through.
 
-Run states and what moves a run between them:
+Run states and what moves a run between them (:data:`TRANSITIONS`):
 
     queued ──claim──> running ──last step──> completed
       │                  ├──step or run error, timeout, lost worker──> failed
+      │                  ├──progress recorded, released to sleep──> running
       └──cancel──────────┴──cancel──> cancelled
 
-Every state change is a guarded ``UPDATE … WHERE status IN (<sources>)`` built from
-:data:`TRANSITIONS`, so a lost race shows up as zero rows updated, never a corrupted run.
+Delivery states (:data:`DELIVERY_TRANSITIONS`): ``pending`` ──attempt──> ``succeeded`` |
+``failed`` | ``pending`` (an attempt failed and another is scheduled).
+
+Every state change is an ``UPDATE … WHERE status IN (<sources>) AND lease_owner = :me``
+whose sources come from these tables (:func:`sources`), so the database refuses an illegal
+move or a write by a process that lost its lease, and the writer sees that as an error
+(``LeaseLost``), never as a corrupted run. Each table type maps its rows in one place:
+``from_row`` reads a row, ``to_row`` gives the columns an insert writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from flowhook.store.rows import from_row, to_row
 
 __all__ = [
     "Mode",
     "RunStatus",
     "StepStatus",
     "TRANSITIONS",
-    "sources_of",
+    "DELIVERY_TRANSITIONS",
+    "sources",
+    "active",
     "Workspace",
     "ApiKey",
     "Flow",
@@ -50,21 +64,43 @@ class RunStatus(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        """No move leaves this status."""
+        return not TRANSITIONS[self]
 
 
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.RUNNING: frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    # running → running: a step's result recorded, or the run released to sleep (a delay or
+    # a retry backoff) with its lease given up
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
 }
+"""The one table of legal run moves: status → the statuses it may move to."""
 
 
-def sources_of(target: RunStatus) -> list[str]:
-    """The statuses a run may move to ``target`` from."""
-    return [str(s) for s, targets in TRANSITIONS.items() if target in targets]
+def sources(table: Mapping[Any, AbstractSet[Any]], *path: Any) -> tuple[Any, ...]:
+    """The statuses from which every move of ``path`` in turn is legal (in ``table``'s
+    order): ``sources(TRANSITIONS, RUNNING, COMPLETED)`` is (queued, running), a run that
+    starts and ends in one write."""
+    found = []
+    for start in table:
+        at = start
+        for target in path:
+            if target not in table[at]:
+                break
+            at = target
+        else:
+            found.append(start)
+    return tuple(found)
+
+
+def active(table: Mapping[Any, AbstractSet[Any]]) -> tuple[Any, ...]:
+    """The statuses some move leaves: for runs (queued, running), for deliveries (pending)."""
+    return tuple(s for s, targets in table.items() if targets)
 
 
 class StepStatus(enum.StrEnum):
@@ -127,6 +163,15 @@ class RunStep:
     interrupted: tuple[int, ...] = ()
     """The attempts that started and never recorded an outcome (by number)."""
 
+    @classmethod
+    def from_row(cls, row: Any) -> RunStep:
+        return from_row(cls, row, _STEP_CONVERT)
+
+    def to_row(self, run_id: str) -> dict[str, Any]:
+        return to_row(
+            self, _STEP_COLUMNS, run_id=run_id, interrupted=list(self.interrupted) or None
+        )
+
 
 @dataclass(slots=True)
 class Run:
@@ -150,6 +195,22 @@ class Run:
     cancel_requested_at: datetime | None = None
     steps: list[RunStep] = field(default_factory=list)
 
+    @classmethod
+    def from_row(cls, row: Any) -> Run:
+        """The run from a ``runs`` row (its steps are read apart)."""
+        return from_row(cls, row, _RUN_CONVERT)
+
+    def to_row(self, payload: Any = None) -> dict[str, Any]:
+        """The columns of a newly queued run; ``payload``: the payload already encoded
+        (default: :attr:`payload`, encoded by the store)."""
+        return to_row(
+            self,
+            _RUN_INSERT,
+            payload=self.payload if payload is None else payload,
+            available_at=self.queued_at,
+            due_at=self.queued_at,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -162,11 +223,29 @@ class Event:
     created_at: datetime
     body: bytes
 
+    @classmethod
+    def from_row(cls, row: Any) -> Event:
+        return from_row(cls, row, _EVENT_CONVERT)
+
+    def to_row(self) -> dict[str, Any]:
+        return to_row(self, _EVENT_COLUMNS)
+
 
 class DeliveryStatus(enum.StrEnum):
     PENDING = "pending"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+
+DELIVERY_TRANSITIONS: dict[DeliveryStatus, frozenset[DeliveryStatus]] = {
+    # pending → pending: an attempt failed and the next one is scheduled
+    DeliveryStatus.PENDING: frozenset(
+        {DeliveryStatus.PENDING, DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED}
+    ),
+    DeliveryStatus.SUCCEEDED: frozenset(),
+    DeliveryStatus.FAILED: frozenset(),
+}
+"""The one table of legal delivery moves (a replay is a new delivery, never a move)."""
 
 
 @dataclass(slots=True)
@@ -200,6 +279,14 @@ class Attempt:
     error_detail: str | None = None
     next_attempt_at: datetime | None = None
 
+    @classmethod
+    def from_row(cls, row: Any) -> Attempt:
+        return from_row(cls, row)
+
+    def outcome(self) -> dict[str, Any]:
+        """The columns an attempt's outcome writes into its log line."""
+        return to_row(self, _ATTEMPT_OUTCOME)
+
 
 @dataclass(slots=True)
 class Delivery:
@@ -219,3 +306,61 @@ class Delivery:
     replay_of: str | None = None
     finished_at: datetime | None = None
     attempt_log: list[Attempt] = field(default_factory=list)
+
+    @classmethod
+    def from_row(cls, row: Any) -> Delivery:
+        """The delivery from a ``deliveries`` row (its attempt log is read apart)."""
+        return from_row(cls, row, _DELIVERY_CONVERT)
+
+    @classmethod
+    def queued(cls, delivery_id: str, event: Event, endpoint_id: str) -> Delivery:
+        """A new pending delivery of ``event`` to an endpoint, due at once."""
+        return cls(
+            id=delivery_id,
+            event_id=event.id,
+            endpoint_id=endpoint_id,
+            workspace_id=event.workspace_id,
+            mode=event.mode,
+            event_type=event.type,
+            run_id=event.run_id,
+            status=DeliveryStatus.PENDING,
+            attempts=0,
+            next_attempt_at=event.created_at,
+            created_at=event.created_at,
+        )
+
+    def replayed(self, delivery_id: str, now: datetime) -> Delivery:
+        """A new pending delivery of the same event to the same endpoint, due ``now``."""
+        return dataclasses.replace(
+            self, id=delivery_id, status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now,
+            created_at=now, last_status_code=None, last_error=None, replay_of=self.id,
+            finished_at=None, attempt_log=[],
+        )  # fmt: skip
+
+    def to_row(self) -> dict[str, Any]:
+        """The columns of a newly queued delivery."""
+        return to_row(self, _DELIVERY_INSERT, due_at=self.next_attempt_at)
+
+
+# What differs between a row and its model, table by table (everything else maps by name).
+_RUN_CONVERT = {"mode": Mode, "status": RunStatus}
+_RUN_INSERT = (
+    *("run_id", "workspace_id", "mode", "flow_id", "flow_version", "trigger", "status"),
+    "queued_at",
+)
+_STEP_CONVERT = {"status": StepStatus, "interrupted": lambda v: tuple(v or ())}
+_STEP_COLUMNS = (
+    *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),
+    *("duration_ms", "output", "error"),
+)
+_EVENT_CONVERT = {"mode": Mode, "body": bytes}
+_EVENT_COLUMNS = ("id", "workspace_id", "mode", "type", "flow_id", "run_id", "created_at", "body")
+_ATTEMPT_OUTCOME = (
+    *("started_at", "finished_at", "duration_ms", "address", "status_code"),
+    *("response_excerpt", "error_class", "error_detail", "next_attempt_at"),
+)
+_DELIVERY_CONVERT = {"mode": Mode, "status": DeliveryStatus}
+_DELIVERY_INSERT = (
+    *("id", "event_id", "endpoint_id", "workspace_id", "mode", "event_type", "run_id"),
+    *("status", "attempts", "next_attempt_at", "created_at", "replay_of"),
+)

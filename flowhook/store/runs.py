@@ -13,15 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
 from flowhook.store import events as events_store
-from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep, StepStatus, sources_of
+from flowhook.store.guards import ACTIVE_RUN, run_move
+from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep
+from flowhook.store.rows import owned, page
 from flowhook.store.tables import run_steps, runs
 
 __all__ = [
@@ -36,14 +38,14 @@ __all__ = [
     "list_runs",
     "claim_runs",
     "extend_leases",
-    "save_progress",
+    "StatusChange",
     "Progress",
     "apply_progress",
     "cancel_unleased",
     "request_cancel",
     "next_due",
     "cancel_requested_among",
-    "count_older_in_flight",
+    "count_in_flight_ahead",
     "defer",
     "hand_back",
     "queue_depth",
@@ -53,54 +55,14 @@ NOTIFY_CHANNEL = "flowhook_runs"
 
 
 class LeaseLost(Exception):
-    """The guarded update matched nothing: the lease moved on, or a cancel was requested."""
+    """The guarded update matched nothing: the lease moved on, a cancel was requested, or
+    the run's status does not allow the move (another process moved it first)."""
 
 
 _RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
 
-_CLAIMABLE = text("runs.status IN ('queued', 'running')")
-"""Written out, not bound: SQLite uses the partial index ix_runs_claimable only when a query
-states its condition literally (with ``IN (?, ?)`` it scanned every run: a claim took 1.5 ms
-at 8,000 runs and kept growing), and so do PostgreSQL's generic plans."""
-
-
-def _run(row: Any) -> Run:
-    return Run(
-        run_id=row.run_id,
-        workspace_id=row.workspace_id,
-        mode=Mode(row.mode),
-        flow_id=row.flow_id,
-        flow_version=row.flow_version,
-        trigger=row.trigger,
-        status=RunStatus(row.status),
-        payload=row.payload,
-        queued_at=row.queued_at,
-        output=row.output,
-        error=row.error,
-        steps_executed=row.steps_executed,
-        next_step=row.next_step,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        duration_ms=row.duration_ms,
-        claims=row.claims,
-        cancel_requested_at=row.cancel_requested_at,
-    )
-
-
-def _step(row: Any) -> RunStep:
-    return RunStep(
-        idx=row.idx,
-        step_id=row.step_id,
-        type=row.type,
-        status=StepStatus(row.status),
-        attempts=row.attempts,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        duration_ms=row.duration_ms,
-        output=row.output,
-        error=row.error,
-        interrupted=tuple(row.interrupted or ()),
-    )
+_CLAIMABLE = text(ACTIVE_RUN)
+"""Queued or running: what the queue holds (written out, see :mod:`flowhook.store.guards`)."""
 
 
 async def insert_run(
@@ -133,28 +95,13 @@ async def insert_runs(
         return
     if payloads is not None and len(payloads) != len(batch):
         raise ValueError("one encoded payload per run")
-    await bulk.insert(
-        conn,
-        runs,
-        [
-            {
-                "run_id": run.run_id,
-                "workspace_id": run.workspace_id,
-                "mode": str(run.mode),
-                "flow_id": run.flow_id,
-                "flow_version": run.flow_version,
-                "trigger": run.trigger,
-                "status": str(run.status),
-                "payload": run.payload if payloads is None else payloads[i],
-                "queued_at": run.queued_at,
-                "available_at": run.queued_at,
-                "due_at": run.queued_at,
-                "idempotency_key": key,
-                "request_hash": digest,
-            }
-            for i, (run, key, digest) in enumerate(batch)
-        ],
-    )
+    rows = []
+    for i, (run, key, digest) in enumerate(batch):
+        row = run.to_row(None if payloads is None else payloads[i])
+        row["idempotency_key"] = key
+        row["request_hash"] = digest
+        rows.append(row)
+    await bulk.insert(conn, runs, rows)
     conn.info.setdefault("wake", set()).add("runs")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
@@ -169,7 +116,7 @@ async def find_by_idempotency_key(
         runs.c.idempotency_key == key,
     )
     row = (await conn.execute(q)).first()
-    return (_run(row), row.request_hash) if row else None
+    return (Run.from_row(row), row.request_hash) if row else None
 
 
 async def release_idempotency_key(conn: AsyncConnection, run_id: str) -> None:
@@ -181,20 +128,16 @@ async def release_idempotency_key(conn: AsyncConnection, run_id: str) -> None:
 
 async def _steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
     q = select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
-    return [_step(r) for r in (await conn.execute(q)).all()]
+    return [RunStep.from_row(r) for r in (await conn.execute(q)).all()]
 
 
 async def get_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str) -> Run | None:
     """The run with its steps, if the workspace and mode own it."""
-    q = select(*_RUN_COLUMNS).where(
-        runs.c.run_id == run_id,
-        runs.c.workspace_id == workspace_id,
-        runs.c.mode == str(mode),
-    )
+    q = select(*_RUN_COLUMNS).where(owned(runs.c.run_id, run_id, workspace_id, mode))
     row = (await conn.execute(q)).first()
     if row is None:
         return None
-    run = _run(row)
+    run = Run.from_row(row)
     run.steps = await _steps_of(conn, run_id)
     return run
 
@@ -204,7 +147,7 @@ async def get_run_by_id(conn: AsyncConnection, run_id: str) -> Run | None:
     row = (await conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id))).first()
     if row is None:
         return None
-    run = _run(row)
+    run = Run.from_row(row)
     run.steps = await _steps_of(conn, run_id)
     return run
 
@@ -220,19 +163,11 @@ async def list_runs(
     status: RunStatus | None = None,
 ) -> list[Run]:
     """Newest first, without steps; ``after`` is the last run id of the page before."""
-    q = (
-        select(*_RUN_COLUMNS)
-        .where(runs.c.workspace_id == workspace_id, runs.c.mode == str(mode))
-        .order_by(runs.c.run_id.desc())
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(runs.c.run_id < after)
-    if flow_id is not None:
-        q = q.where(runs.c.flow_id == flow_id)
-    if status is not None:
-        q = q.where(runs.c.status == str(status))
-    return [_run(r) for r in (await conn.execute(q)).all()]
+    q = page(
+        _RUN_COLUMNS, runs.c.run_id, workspace_id, mode, limit=limit, after=after,
+        flow_id=flow_id, status=status,
+    )  # fmt: skip
+    return [Run.from_row(r) for r in (await conn.execute(q)).all()]
 
 
 async def claim_runs(
@@ -270,7 +205,7 @@ async def claim_runs(
         )
         .returning(*_RUN_COLUMNS)
     )
-    claimed = [_run(r) for r in (await conn.execute(stmt)).all()]
+    claimed = [Run.from_row(r) for r in (await conn.execute(stmt)).all()]
     claimed.sort(key=lambda r: r.queued_at)
     return claimed
 
@@ -314,157 +249,120 @@ async def extend_leases(
     return int(result.rowcount)
 
 
-async def _guarded_update(
-    conn: AsyncConnection,
-    run_id: str,
-    *,
-    owner: str,
-    status: RunStatus,
-    values: dict[str, Any],
-    honour_cancel: bool,
-) -> bool:
-    guard = and_(
-        runs.c.run_id == run_id, runs.c.lease_owner == owner, runs.c.status.in_(_sources(status))
-    )
-    if honour_cancel:
-        guard = and_(guard, runs.c.cancel_requested_at.is_(None))
-    if status.terminal:
-        values = {**values, "lease_owner": None, "lease_expires_at": None}
-    result = await conn.execute(update(runs).where(guard).values(status=str(status), **values))
-    return bool(result.rowcount == 1)
-
-
 async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep]]) -> None:
     await bulk.insert(
         conn,
         run_steps,
-        [
-            {
-                "run_id": run_id,
-                "idx": s.idx,
-                "step_id": s.step_id,
-                "type": s.type,
-                "status": str(s.status),
-                "attempts": s.attempts,
-                "started_at": s.started_at,
-                "finished_at": s.finished_at,
-                "duration_ms": s.duration_ms,
-                "output": s.output,
-                "error": s.error,
-                "interrupted": list(s.interrupted) or None,
-            }
-            for run_id, s in rows
-        ],
+        [s.to_row(run_id) for run_id, s in rows],
         update_on_conflict=("run_id", "idx"),
     )
 
 
-async def save_progress(
-    conn: AsyncConnection,
-    run_id: str,
-    *,
-    owner: str,
-    status: RunStatus,
-    values: dict[str, Any],
-    steps: Sequence[RunStep] = (),
-    honour_cancel: bool = True,
-) -> None:
-    """Move a leased run to ``status`` with ``values`` and record ``steps``; raises
-    :class:`LeaseLost` (rolling back the transaction) when the guard fails."""
-    if not await _guarded_update(
-        conn, run_id, owner=owner, status=status, values=values, honour_cancel=honour_cancel
-    ):
-        raise LeaseLost(run_id)
-    await _upsert_steps(conn, [(run_id, s) for s in steps])
+class StatusChange(NamedTuple):
+    """One move of a run to ``status``, writing ``values`` with it; ``honour_cancel``: a
+    cancel request blocks the move (every move but the one to ``cancelled``)."""
+
+    status: RunStatus
+    values: dict[str, Any]
+    honour_cancel: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """One run's writes: status changes (status, values, whether a cancel request blocks
-    them), step rows and events, applied together or not at all."""
+    """One run's writes: status changes in order, step rows and events, applied together or
+    not at all."""
 
     run_id: str
-    changes: tuple[tuple[RunStatus, dict[str, Any], bool], ...]
+    changes: tuple[StatusChange, ...]
     steps: Sequence[RunStep] = ()
     events: Sequence[Event] = ()
 
 
-def _sources(status: RunStatus) -> list[str]:
-    if status is RunStatus.RUNNING:  # starting (from queued) or recording progress
-        return [str(RunStatus.QUEUED), str(RunStatus.RUNNING)]
-    return sources_of(status)
+def _move(item: Progress) -> tuple[str, dict[str, Any]]:
+    """An item's guard (from the transition table, see :func:`flowhook.store.guards.run_move`)
+    and the values its changes write, the last status among them."""
+    if not item.changes:
+        raise ValueError("a run's progress moves it at least once (running → running)")
+    values: dict[str, Any] = {}
+    for change in item.changes:
+        values.update(change.values)
+    target = item.changes[-1].status
+    values["status"] = str(target)
+    if target.terminal:
+        values["lease_owner"] = values["lease_expires_at"] = None
+    path = tuple(c.status for c in item.changes)
+    return run_move(path, honour_cancel=any(c.honour_cancel for c in item.changes)), values
 
 
 async def apply_progress(
     conn: AsyncConnection, items: Sequence[Progress], *, owner: str
 ) -> list[bool]:
-    """Apply many runs' writes in one transaction (group commit). An item whose guard fails
-    (lease lost, cancel requested, a move its status does not allow) writes nothing and
-    answers ``False``; the others go on.
+    """Apply many runs' writes in one transaction (group commit). Each item's status change
+    is an UPDATE guarded in SQL by the run's lease owner, a status its moves are legal from
+    (:data:`~flowhook.store.models.TRANSITIONS`) and, unless it is a cancel, no cancel
+    request; an item the database refuses writes nothing (no steps, no events) and answers
+    ``False`` (the executor raises :class:`LeaseLost`); the others go on.
 
-    A fixed number of statements whatever the batch size: one read of the guarded columns of
-    every run (locked on PostgreSQL, so the guards hold until commit; SQLite's write
-    transaction already excludes every other writer), one UPDATE per shape of changes
-    (executemany), and one statement each for the events, their deliveries and the steps.
-    A run appears at most once in ``items``: the executor awaits each of its writes.
+    A fixed number of statements whatever the batch size: one guarded update per shape of
+    change (same guard, same columns: one execution per row on SQLite, one ``UPDATE … FROM
+    unnest(…)`` on PostgreSQL), and one statement each for the events, their deliveries and
+    the steps. On PostgreSQL the runs are first locked in ``run_id`` order (the lock order
+    rule, see :func:`_held`). A run appears at most once in ``items``: the executor awaits
+    each of its writes.
     """
     if not items:
         return []
-    guarded = select(runs.c.run_id, runs.c.status, runs.c.cancel_requested_at).where(
-        runs.c.run_id.in_([item.run_id for item in items]), runs.c.lease_owner == owner
-    )
     if conn.dialect.name == "postgresql":
-        guarded = guarded.order_by(runs.c.run_id).with_for_update()
-    current = {r.run_id: (r.status, r.cancel_requested_at) for r in await conn.execute(guarded)}
-    results: list[bool] = []
-    updates: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    steps: list[tuple[str, RunStep]] = []
-    events: list[Event] = []
-    for item in items:
-        state = current.get(item.run_id)
-        values: dict[str, Any] = {}
-        ok = state is not None
-        if state is not None:
-            status, cancel_requested = state
-            for target, changed, honour_cancel in item.changes:
-                if status not in _sources(target) or (
-                    honour_cancel and cancel_requested is not None
-                ):
-                    ok = False
-                    break
-                values.update(changed)
-                values["status"] = status = str(target)
-                if target.terminal:
-                    values["lease_owner"] = values["lease_expires_at"] = None
-        results.append(ok)
-        if not ok:
-            continue
-        if item.changes:
-            updates.setdefault(tuple(sorted(values)), []).append((values, {"run_id": item.run_id}))
-        steps.extend((item.run_id, s) for s in item.steps)
-        events.extend(item.events)
-    for rows in updates.values():
-        await bulk.update(conn, runs, rows)
-    await events_store.insert_events(conn, events)
-    await _upsert_steps(conn, steps)
-    return results
+        await conn.execute(
+            select(runs.c.run_id)
+            .where(runs.c.run_id.in_([item.run_id for item in items]), runs.c.lease_owner == owner)
+            .order_by(runs.c.run_id)
+            .with_for_update()
+        )
+    shapes: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for i, item in enumerate(items):
+        guard, values = _move(item)
+        shapes.setdefault((guard, tuple(sorted(values))), []).append(i)
+        rows.append((values, {"run_id": item.run_id, "lease_owner": owner}))
+    applied = [False] * len(items)
+    for (guard, _), members in shapes.items():
+        done = await bulk.update_each(conn, runs, [rows[i] for i in members], guard=guard)
+        for i, ok in zip(members, done, strict=True):
+            applied[i] = ok
+    won = [item for item, ok in zip(items, applied, strict=True) if ok]
+    await events_store.insert_events(conn, [e for item in won for e in item.events])
+    await _upsert_steps(conn, [(item.run_id, s) for item in won for s in item.steps])
+    return applied
 
 
 async def cancel_unleased(
-    conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, now: datetime
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    run_id: str,
+    now: datetime,
+    *,
+    duration_ms: int | None,
+    steps_executed: int,
 ) -> bool:
-    """Cancel a run no worker holds (queued, or sleeping in a delay or a retry backoff);
-    ``False`` when a worker holds it or it has ended."""
+    """Cancel a run no worker holds (queued, or sleeping in a delay or a retry backoff),
+    recording its ``duration_ms``; ``False`` when a worker holds it, it has ended, or it has
+    run steps since the caller read ``steps_executed`` (its cancel event would be stale)."""
     result = await conn.execute(
         update(runs)
         .where(
-            runs.c.run_id == run_id,
-            runs.c.workspace_id == workspace_id,
-            runs.c.mode == str(mode),
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            owned(runs.c.run_id, run_id, workspace_id, mode),
+            text(run_move((RunStatus.CANCELLED,), honour_cancel=False)),
             runs.c.lease_owner.is_(None),
+            runs.c.steps_executed == steps_executed,
         )
-        .values(status=str(RunStatus.CANCELLED), finished_at=now, cancel_requested_at=now)
+        .values(
+            status=str(RunStatus.CANCELLED),
+            finished_at=now,
+            cancel_requested_at=now,
+            duration_ms=duration_ms,
+        )
     )
     return result.rowcount == 1
 
@@ -476,10 +374,8 @@ async def request_cancel(
     result = await conn.execute(
         update(runs)
         .where(
-            runs.c.run_id == run_id,
-            runs.c.workspace_id == workspace_id,
-            runs.c.mode == str(mode),
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            owned(runs.c.run_id, run_id, workspace_id, mode),
+            _CLAIMABLE,
             runs.c.cancel_requested_at.is_(None),
         )
         .values(cancel_requested_at=now)
@@ -507,16 +403,30 @@ async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) 
     return list((await conn.execute(q)).scalars())
 
 
-async def count_older_in_flight(conn: AsyncConnection, run: Run, now: datetime) -> int:
-    """Runs of ``run``'s flow older than it that a worker holds now (for the flow's
-    ``concurrency`` cap: the oldest runs go first, so the cap never starves them all)."""
+async def count_in_flight_ahead(conn: AsyncConnection, run: Run, now: datetime) -> int:
+    """Runs of ``run``'s flow that a worker holds now and that go before it, for the flow's
+    ``concurrency`` cap: the older ones (the oldest runs go first, so the cap never starves
+    them all) and the younger ones already running. A younger run can be running when it was
+    claimed while older ones sat deferred; counting it keeps those older ones from going on
+    top of it.
+
+    Call it in the write transaction that admits the run (marks it ``running``) or defers it:
+    on PostgreSQL it first takes the flow's admission lock (a transaction-level advisory lock,
+    taken before any row lock, so it joins no lock cycle), so two workers never both admit on
+    the same count; on SQLite the write transaction is already the only one. Every run that
+    executes was admitted this way and is ``running`` and leased while it does, so the count
+    includes all of them."""
+    if conn.dialect.name == "postgresql":
+        key = func.hashtextextended(f"flowhook.concurrency:{run.flow_id}", 0)
+        await conn.execute(select(func.pg_advisory_xact_lock(key)))
     q = (
         select(func.count())
         .select_from(runs)
         .where(
             runs.c.flow_id == run.flow_id,
-            runs.c.run_id < run.run_id,
-            runs.c.status.in_([str(RunStatus.QUEUED), str(RunStatus.RUNNING)]),
+            runs.c.run_id != run.run_id,
+            or_(runs.c.run_id < run.run_id, runs.c.status == str(RunStatus.RUNNING)),
+            _CLAIMABLE,
             runs.c.lease_owner.is_not(None),
             runs.c.lease_expires_at > now,
         )
@@ -528,7 +438,7 @@ async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: dateti
     """Hand a claimed run back untouched until ``until``; the claim does not count as lost."""
     result = await conn.execute(
         update(runs)
-        .where(runs.c.run_id == run_id, runs.c.lease_owner == owner)
+        .where(runs.c.run_id == run_id, runs.c.lease_owner == owner, _CLAIMABLE)
         .values(
             available_at=until,
             due_at=until,

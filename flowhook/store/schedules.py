@@ -10,6 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.models import Mode
+from flowhook.store.rows import from_row, owned, page
 from flowhook.store.tables import schedules, workspaces
 
 __all__ = [
@@ -41,10 +42,7 @@ class Schedule:
 
 
 def _schedule(row: Any) -> Schedule:
-    return Schedule(
-        row.id, row.workspace_id, Mode(row.mode), row.flow_id, row.cron, row.timezone, row.payload,
-        bool(row.enabled), row.next_run_at, row.created_at, row.updated_at,
-    )  # fmt: skip
+    return from_row(Schedule, row, {"mode": Mode, "enabled": bool})
 
 
 def _values(s: Schedule) -> dict[str, Any]:
@@ -66,11 +64,7 @@ async def insert_schedule(conn: AsyncConnection, s: Schedule) -> None:
 async def get_schedule(
     conn: AsyncConnection, workspace_id: str, mode: Mode, schedule_id: str
 ) -> Schedule | None:
-    q = select(schedules).where(
-        schedules.c.id == schedule_id,
-        schedules.c.workspace_id == workspace_id,
-        schedules.c.mode == str(mode),
-    )
+    q = select(schedules).where(owned(schedules.c.id, schedule_id, workspace_id, mode))
     row = (await conn.execute(q)).first()
     return _schedule(row) if row else None
 
@@ -78,14 +72,7 @@ async def get_schedule(
 async def list_schedules(
     conn: AsyncConnection, workspace_id: str, mode: Mode, *, limit: int, after: str | None
 ) -> list[Schedule]:
-    q = (
-        select(schedules)
-        .where(schedules.c.workspace_id == workspace_id, schedules.c.mode == str(mode))
-        .order_by(schedules.c.id.desc())
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(schedules.c.id < after)
+    q = page(schedules, schedules.c.id, workspace_id, mode, limit=limit, after=after)
     return [_schedule(r) for r in (await conn.execute(q)).all()]
 
 
@@ -110,11 +97,7 @@ async def delete_schedule(
     conn: AsyncConnection, workspace_id: str, mode: Mode, schedule_id: str
 ) -> bool:
     result = await conn.execute(
-        delete(schedules).where(
-            schedules.c.id == schedule_id,
-            schedules.c.workspace_id == workspace_id,
-            schedules.c.mode == str(mode),
-        )
+        delete(schedules).where(owned(schedules.c.id, schedule_id, workspace_id, mode))
     )
     return bool(result.rowcount == 1)
 

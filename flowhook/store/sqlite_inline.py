@@ -1,10 +1,10 @@
-"""SQLite run on the event loop's own thread, under SQLAlchemy's aiosqlite dialect.
+"""SQLite run on the event loop's own thread: the SQLAlchemy dialect ``sqlite+flowhook_inline``.
 
 aiosqlite runs every call (cursor, execute, fetch, close, commit) on a thread of its own and
 hands the result back through the event loop: four round trips per statement, each waiting
 for the loop's next turn. Under load that wait, not SQLite, was the cost: a group-commit
 transaction of a few dozen statements stayed open for ~30 ms while SQLite itself needed well
-under one. This module gives SQLAlchemy an aiosqlite-shaped connection whose coroutines run
+under one. This module's connection has aiosqlite's public shape (coroutine methods) but runs
 the ``sqlite3`` call at once, so a statement costs what SQLite costs (microseconds for the
 indexed statements Flowhook issues; a commit's fsync ~0.2 ms here).
 
@@ -14,6 +14,15 @@ is zero and a ``SQLITE_BUSY`` answer is retried after an asynchronous sleep, up 
 ``busy_timeout`` seconds in all, which is what SQLite's own busy handler would have done on a
 thread. In WAL mode only ``BEGIN IMMEDIATE`` and a commit's checkpoint can meet such a lock;
 reads never wait for writers.
+
+The seam with SQLAlchemy is a registered dialect, :class:`SQLiteDialect_inline`: the aiosqlite
+dialect (SQL, types, pool choice, URL options) with its own DBAPI ``connect`` and a subclass of
+SQLAlchemy's aiosqlite adapter whose few methods that reached into aiosqlite's private
+attributes are replaced. The rest of that adapter only awaits the public coroutine methods
+below. Callers reach the ``sqlite3`` connection through SQLAlchemy's documented
+``driver_connection`` and :attr:`InlineConnection.raw`. What this relies on inside SQLAlchemy
+(pinned ``>=2.1,<2.2`` in pyproject.toml) is checked by ``tests/unit/test_sqlite_inline_seam.py``,
+which fails with a message naming the change on an upgrade.
 """
 
 from __future__ import annotations
@@ -22,9 +31,27 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-__all__ = ["InlineConnection", "connect"]
+import aiosqlite
+from sqlalchemy import URL, make_url
+from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_connection
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.sqlite.aiosqlite import (
+    AsyncAdapt_aiosqlite_connection,
+    AsyncAdapt_aiosqlite_dbapi,
+    SQLiteDialect_aiosqlite,
+)
+
+from flowhook.backoff import backoff
+
+if TYPE_CHECKING:
+    from sqlalchemy.connectors.asyncio import AsyncIODBAPIConnection
+
+__all__ = ["DRIVER", "InlineConnection", "SQLiteDialect_inline", "engine_url", "open_connection"]
+
+DRIVER = "flowhook_inline"
+"""The dialect's driver name: URLs ``sqlite+flowhook_inline:///path``."""
 
 T = TypeVar("T")
 
@@ -46,7 +73,7 @@ class InlineCursor:
 
     def __init__(self, conn: InlineConnection) -> None:
         self._conn = conn
-        self._cursor = conn._conn.cursor()
+        self._cursor = conn.raw.cursor()
 
     async def __aenter__(self) -> InlineCursor:
         return self
@@ -98,35 +125,21 @@ class InlineCursor:
         self._cursor.close()
 
 
-class _InlineQueue:
-    """SQLAlchemy's adapter sets ``isolation_level`` by queueing a call on aiosqlite's thread
-    queue; here the call runs at once."""
-
-    def put_nowait(self, item: tuple[asyncio.Future[Any] | None, Callable[[], Any]]) -> None:
-        future, function = item
-        try:
-            result = function()
-        except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
-            if future is not None:
-                future.set_exception(exc)
-            return
-        if future is not None:
-            future.set_result(result)
-
-
 class InlineConnection:
-    """The part of ``aiosqlite.Connection`` that SQLAlchemy's adapter uses."""
+    """A ``sqlite3`` connection with the coroutine methods of ``aiosqlite.Connection`` that
+    SQLAlchemy's async adapter awaits; each runs its call at once."""
+
+    __slots__ = ("_busy_timeout", "closed", "raw")
 
     def __init__(self, conn: sqlite3.Connection, busy_timeout: float) -> None:
-        self._conn = conn
-        self._connection: sqlite3.Connection | None = conn
-        """Checked by the adapter's commit and rollback (aiosqlite's name for it)."""
-        self._tx = _InlineQueue()
+        self.raw = conn
+        """The ``sqlite3`` connection (bulk writes hand it their executemany)."""
+        self.closed = False
         self._busy_timeout = busy_timeout
 
     async def _call(self, function: Callable[..., T], *args: Any) -> T:
         deadline: float | None = None
-        delay = 0.0005
+        tries = 0
         while True:
             try:
                 return function(*args)
@@ -138,52 +151,113 @@ class InlineConnection:
                     deadline = now + self._busy_timeout
                 if now >= deadline:
                     raise
-                await asyncio.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.05)
+                tries += 1
+                await asyncio.sleep(min(backoff(tries, 0.0005, 0.05), deadline - now))
 
     @property
     def isolation_level(self) -> str | None:
-        return self._conn.isolation_level
+        return self.raw.isolation_level
 
     @isolation_level.setter
     def isolation_level(self, value: Any) -> None:
-        self._conn.isolation_level = value
+        self.raw.isolation_level = value
 
     def cursor(self) -> InlineCursor:
         return InlineCursor(self)
 
     async def commit(self) -> None:
-        await self._call(self._conn.commit)
+        await self._call(self.raw.commit)
 
     async def rollback(self) -> None:
-        self._conn.rollback()
+        self.raw.rollback()
 
     async def create_function(self, *args: Any, **kwargs: Any) -> None:
-        self._conn.create_function(*args, **kwargs)
+        self.raw.create_function(*args, **kwargs)
 
     async def close(self) -> None:
         self.stop()
 
     def stop(self) -> None:
         """Close (also SQLAlchemy's forced close, its terminate); a second call does nothing."""
-        if self._connection is not None:
-            self._connection = None
-            self._conn.close()
+        if not self.closed:
+            self.closed = True
+            self.raw.close()
 
 
-def connect(database: str, *, busy_timeout: float = 10.0, **options: Any) -> Callable[[], Any]:
-    """An ``async_creator`` for ``create_async_engine``: opens ``database`` on this thread,
-    with the URL's ``sqlite3.connect`` options (``uri``, …) but our own lock handling."""
+def open_connection(
+    database: str, *, busy_timeout: float = 10.0, **options: Any
+) -> InlineConnection:
+    """Open ``database`` on this thread, with the URL's ``sqlite3.connect`` options (``uri``,
+    …) but our own lock handling: a URL's ``timeout`` is the busy timeout."""
     if "timeout" in options:
         busy_timeout = float(options.pop("timeout"))
+    # The driver does not manage transactions (isolation_level=None): Database emits
+    # BEGIN IMMEDIATE / BEGIN itself. timeout=0: lock waits are retried above.
+    conn = sqlite3.connect(
+        database,
+        **{**options, "isolation_level": None, "check_same_thread": False, "timeout": 0},
+    )
+    return InlineConnection(conn, busy_timeout)
 
-    async def creator() -> InlineConnection:
-        # The driver does not manage transactions (isolation_level=None): Database emits
-        # BEGIN IMMEDIATE / BEGIN itself. timeout=0: lock waits are retried above.
-        conn = sqlite3.connect(
-            database,
-            **{**options, "isolation_level": None, "check_same_thread": False, "timeout": 0},
-        )
-        return InlineConnection(conn, busy_timeout)
 
-    return creator
+class _Adapter(AsyncAdapt_aiosqlite_connection):
+    """SQLAlchemy's aiosqlite adapter, minus its reaches into aiosqlite's privates: it set
+    ``isolation_level`` through aiosqlite's thread queue (``_tx``, ``_conn``) and tells a
+    closed connection by ``_connection``. Everything else it does awaits the public methods
+    of :class:`InlineConnection` (``stop`` included, its forced close)."""
+
+    __slots__ = ()
+
+    @property
+    def _inline(self) -> InlineConnection:
+        return cast(InlineConnection, self._connection)
+
+    @property
+    def isolation_level(self) -> str | None:
+        return self._inline.isolation_level
+
+    @isolation_level.setter
+    def isolation_level(self, value: str | None) -> None:
+        try:
+            self._inline.isolation_level = value  # this thread is the connection's own
+        except Exception as error:  # noqa: BLE001 - translated as the adapter does
+            self._handle_exception(error)
+
+    def rollback(self) -> None:
+        if not self._inline.closed:
+            AsyncAdapt_dbapi_connection.rollback(self)
+
+    def commit(self) -> None:
+        if not self._inline.closed:
+            AsyncAdapt_dbapi_connection.commit(self)
+
+
+class _DBAPI(AsyncAdapt_aiosqlite_dbapi):
+    """aiosqlite's DBAPI module (``sqlite3``'s errors and constants) with our ``connect``."""
+
+    def __init__(self) -> None:
+        super().__init__(aiosqlite, sqlite3)
+        self.has_stop = True  # InlineConnection.stop, whatever aiosqlite's version has
+
+    def connect(self, *args: Any, **kwargs: Any) -> _Adapter:
+        return _Adapter(self, cast("AsyncIODBAPIConnection", open_connection(*args, **kwargs)))
+
+
+class SQLiteDialect_inline(SQLiteDialect_aiosqlite):
+    """``sqlite+flowhook_inline://``: the aiosqlite dialect over :class:`InlineConnection`.
+    ``connect_args={"busy_timeout": s}`` sets the lock wait (a URL's ``?timeout=`` wins)."""
+
+    driver = DRIVER
+    supports_statement_cache = True
+
+    @classmethod
+    def import_dbapi(cls) -> _DBAPI:
+        return _DBAPI()
+
+
+registry.register(f"sqlite.{DRIVER}", __name__, "SQLiteDialect_inline")
+
+
+def engine_url(url: str | URL) -> URL:
+    """``url`` (any ``sqlite[+driver]://`` URL) on this module's dialect."""
+    return make_url(url).set(drivername=f"sqlite+{DRIVER}")

@@ -48,37 +48,68 @@ metadata = MetaData(
     }
 )
 
+
+def _id(name: str = "id") -> Column[str]:
+    """A String(40) primary key (a row's id such as ``wf_…``, or part of a composite key)."""
+    return Column(name, String(40), primary_key=True)
+
+
+def _ref(name: str, *, required: bool = True) -> Column[str]:
+    """The id of another row (String(40), no foreign key), NOT NULL unless ``required=False``."""
+    return Column(name, String(40), nullable=not required)
+
+
+def _scope() -> tuple[Column[str], Column[str]]:
+    """``workspace_id`` and ``mode``: every tenant row carries both."""
+    return _ref("workspace_id"), Column("mode", String(8), nullable=False)
+
+
+def _at(name: str, *, required: bool = True) -> Column[object]:
+    """A UTC timestamp column, NOT NULL unless ``required=False``."""
+    return Column(name, UTCDateTime(), nullable=not required)
+
+
+def _lease() -> tuple[Column[str], Column[object]]:
+    """Who holds a claimed row, and until when."""
+    return Column("lease_owner", String(64)), _at("lease_expires_at", required=False)
+
+
+def _partial_index(name: str, column: str, where: str) -> Index:
+    """An index of the rows ``where`` holds, on both backends."""
+    return Index(name, column, postgresql_where=text(where), sqlite_where=text(where))
+
+
 workspaces = Table(
     "workspaces",
     metadata,
-    Column("id", String(40), primary_key=True),
+    _id(),
     Column("name", String(200), nullable=False, unique=True),
-    Column("created_at", UTCDateTime(), nullable=False),
+    _at("created_at"),
 )
 
 api_keys = Table(
     "api_keys",
     metadata,
-    Column("id", String(40), primary_key=True),
+    _id(),
     Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
     Column("mode", String(8), nullable=False),
     Column("prefix", String(24), nullable=False),
     Column("key_hash", String(64), nullable=False, unique=True),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("revoked_at", UTCDateTime()),
+    _at("created_at"),
+    _at("revoked_at", required=False),
 )
 
 flows = Table(
     "flows",
     metadata,
-    Column("flow_id", String(40), primary_key=True),
+    _id("flow_id"),
     Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
     Column("mode", String(8), nullable=False),
     Column("name", String(200), nullable=False),
     Column("version", Integer, nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("updated_at", UTCDateTime(), nullable=False),
-    Column("archived_at", UTCDateTime()),
+    _at("created_at"),
+    _at("updated_at"),
+    _at("archived_at", required=False),
     Index(None, "workspace_id", "mode", "flow_id"),
 )
 
@@ -88,16 +119,15 @@ flow_versions = Table(
     Column("flow_id", String(40), ForeignKey("flows.flow_id"), primary_key=True),
     Column("version", Integer, primary_key=True),
     Column("definition", JSONType, nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
+    _at("created_at"),
 )
 
 runs = Table(
     "runs",
     metadata,
-    Column("run_id", String(40), primary_key=True),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
-    Column("flow_id", String(40), nullable=False),
+    _id("run_id"),
+    *_scope(),
+    _ref("flow_id"),
     Column("flow_version", Integer, nullable=False),
     Column("trigger", String(16), nullable=False),
     Column("status", String(16), nullable=False),
@@ -106,36 +136,25 @@ runs = Table(
     Column("error", JSONType),
     Column("steps_executed", Integer, nullable=False, server_default=text("0")),
     Column("next_step", Integer, nullable=False, server_default=text("0")),
-    Column("queued_at", UTCDateTime(), nullable=False),
-    Column("started_at", UTCDateTime()),
-    Column("finished_at", UTCDateTime()),
+    _at("queued_at"),
+    _at("started_at", required=False),
+    _at("finished_at", required=False),
     Column("duration_ms", BigInteger),
     # Queue columns: a run is claimable while queued or running and available_at has passed
     # and no live lease holds it.
-    Column("available_at", UTCDateTime(), nullable=False),
+    _at("available_at"),
     # When the run last fell due (queued, woken from a delay or a backoff): claims and
     # heartbeats move available_at, never this, so a run claimed again after its lease ended
     # is taken in its place instead of behind the work queued meanwhile.
-    Column("due_at", UTCDateTime(), nullable=False),
-    Column("lease_owner", String(64)),
-    Column("lease_expires_at", UTCDateTime()),
+    _at("due_at"),
+    *_lease(),
     Column("claims", Integer, nullable=False, server_default=text("0")),
-    Column("cancel_requested_at", UTCDateTime()),
+    _at("cancel_requested_at", required=False),
     Column("idempotency_key", String(255)),
     Column("request_hash", String(64)),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
-    Index(
-        "ix_runs_claimable",
-        "available_at",
-        postgresql_where=text("status IN ('queued', 'running')"),
-        sqlite_where=text("status IN ('queued', 'running')"),
-    ),
-    Index(
-        "ix_runs_due_at",
-        "due_at",
-        postgresql_where=text("status IN ('queued', 'running')"),
-        sqlite_where=text("status IN ('queued', 'running')"),
-    ),
+    _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
+    _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
     Index(None, "workspace_id", "mode", "run_id"),
     Index(None, "flow_id", "run_id"),
 )
@@ -149,8 +168,8 @@ run_steps = Table(
     Column("type", String(16), nullable=False),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False),
-    Column("started_at", UTCDateTime()),
-    Column("finished_at", UTCDateTime()),
+    _at("started_at", required=False),
+    _at("finished_at", required=False),
     Column("duration_ms", BigInteger),
     Column("output", JSONType),
     Column("error", JSONType),
@@ -162,13 +181,12 @@ run_steps = Table(
 events = Table(
     "events",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
+    _id(),
+    *_scope(),
     Column("type", String(40), nullable=False),
-    Column("flow_id", String(40)),
-    Column("run_id", String(40)),
-    Column("created_at", UTCDateTime(), nullable=False),
+    _ref("flow_id", required=False),
+    _ref("run_id", required=False),
+    _at("created_at"),
     # The exact bytes that are signed and sent: every attempt and replay sends these.
     Column("body", LargeBinary, nullable=False),
     Index(None, "run_id", "id"),
@@ -178,9 +196,8 @@ events = Table(
 webhook_endpoints = Table(
     "webhook_endpoints",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
+    _id(),
+    *_scope(),
     Column("url", Text, nullable=False),
     Column("description", Text, nullable=False, server_default=""),
     Column("enabled", Boolean, nullable=False),
@@ -188,10 +205,10 @@ webhook_endpoints = Table(
     # The signing secret (whsec_…), sealed by store/crypto.py: readable to sign with.
     Column("secret", Text, nullable=False),
     Column("previous_secret", Text),
-    Column("previous_secret_expires_at", UTCDateTime()),
-    Column("failing_since", UTCDateTime()),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("updated_at", UTCDateTime(), nullable=False),
+    _at("previous_secret_expires_at", required=False),
+    _at("failing_since", required=False),
+    _at("created_at"),
+    _at("updated_at"),
     Index(None, "workspace_id", "mode", "id"),
 )
 
@@ -204,45 +221,33 @@ endpoint_events = Table(
         ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
         primary_key=True,
     ),
-    Column("event", String(40), primary_key=True),
+    _id("event"),
 )
 
 deliveries = Table(
     "deliveries",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("event_id", String(40), nullable=False),
-    Column("endpoint_id", String(40), nullable=False),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
+    _id(),
+    _ref("event_id"),
+    _ref("endpoint_id"),
+    *_scope(),
     Column("event_type", String(40), nullable=False),
-    Column("run_id", String(40)),
+    _ref("run_id", required=False),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Due time while pending; moved to the lease's end while an attempt is under way.
-    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    _at("next_attempt_at"),
     # When the current attempt fell due; claims do not move it, so a delivery claimed again
     # after its lease ended is taken in its place instead of behind the backlog.
-    Column("due_at", UTCDateTime(), nullable=False),
-    Column("lease_owner", String(64)),
-    Column("lease_expires_at", UTCDateTime()),
+    _at("due_at"),
+    *_lease(),
     Column("last_status_code", Integer),
     Column("last_error", Text),
-    Column("replay_of", String(40)),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("finished_at", UTCDateTime()),
-    Index(
-        "ix_deliveries_due",
-        "next_attempt_at",
-        postgresql_where=text("status = 'pending'"),
-        sqlite_where=text("status = 'pending'"),
-    ),
-    Index(
-        "ix_deliveries_due_at",
-        "due_at",
-        postgresql_where=text("status = 'pending'"),
-        sqlite_where=text("status = 'pending'"),
-    ),
+    _ref("replay_of", required=False),
+    _at("created_at"),
+    _at("finished_at", required=False),
+    _partial_index("ix_deliveries_due", "next_attempt_at", "status = 'pending'"),
+    _partial_index("ix_deliveries_due_at", "due_at", "status = 'pending'"),
     Index(None, "workspace_id", "mode", "id"),
     Index(None, "endpoint_id", "status", "created_at"),
     Index(None, "event_id"),
@@ -255,15 +260,15 @@ delivery_attempts = Table(
         "delivery_id", String(40), ForeignKey("deliveries.id", ondelete="CASCADE"), primary_key=True
     ),
     Column("number", Integer, primary_key=True),
-    Column("started_at", UTCDateTime(), nullable=False),
-    Column("finished_at", UTCDateTime()),
+    _at("started_at"),
+    _at("finished_at", required=False),
     Column("duration_ms", BigInteger),
     Column("address", String(100)),
     Column("status_code", Integer),
     Column("response_excerpt", Text),
     Column("error_class", String(32)),
     Column("error_detail", Text),
-    Column("next_attempt_at", UTCDateTime()),
+    _at("next_attempt_at", required=False),
 )
 
 web_sessions = Table(
@@ -271,59 +276,51 @@ web_sessions = Table(
     metadata,
     # SHA-256 of the cookie's random token: a leaked table cannot be replayed as cookies.
     Column("token_hash", String(64), primary_key=True),
-    Column("key_id", String(40), nullable=False),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
+    _ref("key_id"),
+    *_scope(),
     Column("csrf_token", String(64), nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("expires_at", UTCDateTime(), nullable=False),
+    _at("created_at"),
+    _at("expires_at"),
 )
 
 inbound_hooks = Table(
     "inbound_hooks",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
-    Column("flow_id", String(40), nullable=False),
+    _id(),
+    *_scope(),
+    _ref("flow_id"),
     # {"type": "hmac", "header", "encoding": "hex"|"base64", "secret"} or
     # {"type": "standard", "secret"}; null: anyone with the URL may post.
     Column("verify", JSONType),
     Column("dedup_header", String(100)),
     Column("rate_limit", Integer, nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
+    _at("created_at"),
     Index(None, "workspace_id", "mode", "id"),
 )
 
 inbound_dedup = Table(
     "inbound_dedup",
     metadata,
-    Column("hook_id", String(40), primary_key=True),
+    _id("hook_id"),
     Column("delivery_key", String(200), primary_key=True),
-    Column("run_id", String(40), nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
+    _ref("run_id"),
+    _at("created_at"),
     Index(None, "run_id"),  # pruned with their runs
 )
 
 schedules = Table(
     "schedules",
     metadata,
-    Column("id", String(40), primary_key=True),
-    Column("workspace_id", String(40), nullable=False),
-    Column("mode", String(8), nullable=False),
-    Column("flow_id", String(40), nullable=False),
+    _id(),
+    *_scope(),
+    _ref("flow_id"),
     Column("cron", String(120), nullable=False),
     Column("timezone", String(64), nullable=False),
     Column("payload", JSONType, nullable=False),
     Column("enabled", Boolean, nullable=False),
-    Column("next_run_at", UTCDateTime(), nullable=False),
-    Column("created_at", UTCDateTime(), nullable=False),
-    Column("updated_at", UTCDateTime(), nullable=False),
+    _at("next_run_at"),
+    _at("created_at"),
+    _at("updated_at"),
     Index(None, "workspace_id", "mode", "id"),
-    Index(
-        "ix_schedules_due",
-        "next_run_at",
-        postgresql_where=text("enabled"),
-        sqlite_where=text("enabled"),
-    ),
+    _partial_index("ix_schedules_due", "next_run_at", "enabled"),
 )

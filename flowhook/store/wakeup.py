@@ -10,6 +10,8 @@ from typing import Any
 
 import asyncpg
 
+from flowhook.backoff import backoff
+
 __all__ = ["Wakeup", "PgListener"]
 
 log = logging.getLogger("flowhook.store")
@@ -68,10 +70,10 @@ class PgListener:
             self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
 
     async def _reconnect_loop(self) -> None:
-        delay = 0.5
+        tries = 0
         while not self._closing and not await self._connect():
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            tries += 1
+            await asyncio.sleep(backoff(tries, 0.5, 10.0))
 
     def _on_notify(self, _conn: Any, _pid: int, channel: str, _payload: str) -> None:
         self._channels[channel].notify()

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
 from flowhook.store.crypto import SecretBox, cipher
+from flowhook.store.guards import PENDING_DELIVERY, delivery_move
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
+from flowhook.store.rows import from_row, owned, page
 from flowhook.store.tables import (
     deliveries,
     delivery_attempts,
@@ -56,8 +58,8 @@ DELIVERY_CHANNEL = "flowhook_deliveries"
 
 _EP = webhook_endpoints.c
 _D = deliveries.c
-_DUE = text("deliveries.status = 'pending'")
-"""Written out, not bound, so the partial indexes on due deliveries always apply."""
+_DUE = text(PENDING_DELIVERY)
+"""Pending (written out, see :mod:`flowhook.store.guards`)."""
 
 INTERRUPTED = "interrupted"
 """``error_class`` of an attempt whose process stopped before it recorded an outcome (the
@@ -65,21 +67,13 @@ webhook may or may not have arrived); set when the delivery is claimed again."""
 
 
 def _endpoint(row: Any, events_of: list[str], box: SecretBox) -> Endpoint:
-    return Endpoint(
-        id=row.id,
-        workspace_id=row.workspace_id,
-        mode=Mode(row.mode),
-        url=row.url,
-        description=row.description,
-        enabled=bool(row.enabled),
+    return from_row(
+        Endpoint,
+        row,
+        {"mode": Mode, "enabled": bool},
         events=sorted(events_of),
         secret=box.open(row.secret),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
         previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
-        previous_secret_expires_at=row.previous_secret_expires_at,
-        disabled_reason=row.disabled_reason,
-        failing_since=row.failing_since,
     )
 
 
@@ -141,14 +135,7 @@ async def get_endpoint(
 async def list_endpoints(
     conn: AsyncConnection, workspace_id: str, mode: Mode, *, limit: int, after: str | None = None
 ) -> list[Endpoint]:
-    q = (
-        select(webhook_endpoints)
-        .where(_EP.workspace_id == workspace_id, _EP.mode == str(mode))
-        .order_by(_EP.id.desc())
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(_EP.id < after)
+    q = page(webhook_endpoints, _EP.id, workspace_id, mode, limit=limit, after=after)
     rows = (await conn.execute(q)).all()
     chosen = await _events_of(conn, [r.id for r in rows])
     box = cipher(conn)
@@ -171,11 +158,11 @@ async def update_endpoint(conn: AsyncConnection, ep: Endpoint, *, events_changed
 async def delete_endpoint(
     conn: AsyncConnection, workspace_id: str, mode: Mode, endpoint_id: str
 ) -> bool:
-    owned = and_(_EP.id == endpoint_id, _EP.workspace_id == workspace_id, _EP.mode == str(mode))
-    if (await conn.execute(select(_EP.id).where(owned))).first() is None:
+    mine = owned(_EP.id, endpoint_id, workspace_id, mode)
+    if (await conn.execute(select(_EP.id).where(mine))).first() is None:
         return False
     await conn.execute(delete(endpoint_events).where(endpoint_events.c.endpoint_id == endpoint_id))
-    await conn.execute(delete(webhook_endpoints).where(owned))
+    await conn.execute(delete(webhook_endpoints).where(mine))
     return True
 
 
@@ -196,12 +183,11 @@ async def subscribers(
     return [(r.endpoint_id, r.event) for r in (await conn.execute(q)).all()]
 
 
-async def insert_deliveries(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+async def insert_deliveries(conn: AsyncConnection, queued: Sequence[Delivery]) -> None:
     """Queue deliveries; PostgreSQL listeners hear of them at commit."""
-    if not rows:
+    if not queued:
         return
-    rows = [{**r, "due_at": r.get("due_at", r["next_attempt_at"])} for r in rows]
-    await bulk.insert(conn, deliveries, rows)
+    await bulk.insert(conn, deliveries, [d.to_row() for d in queued])
     conn.info.setdefault("wake", set()).add("deliveries")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {DELIVERY_CHANNEL}"))
@@ -225,6 +211,34 @@ class DueDelivery:
     previous_secret_expires_at: datetime | None
     failing_since: datetime | None
     created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
+        """From a row of :data:`_DUE_COLUMNS`; secrets opened with ``box``."""
+        return from_row(
+            cls,
+            row,
+            {"body": bytes, "enabled": bool},
+            secret=box.open(row.secret) if row.secret else "",
+            previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
+        )
+
+
+_DUE_COLUMNS = (
+    _D.id,
+    _D.event_id,
+    _D.event_type,
+    _D.endpoint_id,
+    _D.attempts,
+    events.c.body,
+    _EP.url,
+    _EP.enabled,
+    _EP.secret,
+    _EP.previous_secret,
+    _EP.previous_secret_expires_at,
+    _EP.failing_since,
+    _D.created_at,
+)
 
 
 async def claim_deliveries(
@@ -251,6 +265,51 @@ async def claim_deliveries(
     under a live lease), so a claim does not sort the whole backlog: with 5,000 due it took
     8 ms, most of the dispatcher's time.
     """
+    ids = await _oldest_due(conn, now, limit, per_endpoint, busy_endpoints)
+    if not ids:
+        return []
+    claimed = (
+        await conn.execute(
+            update(deliveries)
+            .where(_D.id.in_(ids), _DUE, _D.next_attempt_at <= now)
+            .values(
+                lease_owner=owner,
+                lease_expires_at=lease_until,
+                next_attempt_at=lease_until,
+                attempts=_D.attempts + 1,
+            )
+            .returning(_D.id, _D.attempts)
+        )
+    ).all()
+    if not claimed:
+        return []
+    await _mark_interrupted(conn, [r.id for r in claimed if r.attempts > 1])
+    # Every attempt is logged before it is sent: its line is written with the claim.
+    await bulk.insert(
+        conn,
+        delivery_attempts,
+        [{"delivery_id": r.id, "number": r.attempts, "started_at": now} for r in claimed],
+    )
+    q = (
+        select(*_DUE_COLUMNS)
+        .join(events, events.c.id == _D.event_id)
+        .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
+        .where(_D.id.in_([r.id for r in claimed]))
+        .order_by(_D.created_at)
+    )
+    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
+    return [DueDelivery.from_row(r, box) for r in (await conn.execute(q)).all()]
+
+
+async def _oldest_due(
+    conn: AsyncConnection,
+    now: datetime,
+    limit: int,
+    per_endpoint: int,
+    busy_endpoints: Sequence[str],
+) -> list[str]:
+    """The ids of up to ``limit`` due deliveries, oldest first, at most ``per_endpoint`` of
+    any one endpoint and none of ``busy_endpoints`` (see :func:`claim_deliveries`)."""
     window = (
         select(_D.id, _D.endpoint_id, _D.due_at)
         .where(_DUE, _D.due_at <= now, _D.next_attempt_at <= now)
@@ -262,7 +321,7 @@ async def claim_deliveries(
     if busy_endpoints:
         window = window.where(_D.endpoint_id.not_in(list(busy_endpoints)))
     oldest = window.subquery()
-    ranked_sq = select(
+    ranked = select(
         oldest.c.id,
         oldest.c.due_at,
         func.row_number()
@@ -270,79 +329,12 @@ async def claim_deliveries(
         .label("rank"),
     ).subquery()
     due = (
-        select(ranked_sq.c.id)
-        .where(ranked_sq.c.rank <= per_endpoint)
-        .order_by(ranked_sq.c.due_at)
+        select(ranked.c.id)
+        .where(ranked.c.rank <= per_endpoint)
+        .order_by(ranked.c.due_at)
         .limit(limit)
     )
-    ids = list((await conn.execute(due)).scalars())
-    if not ids:
-        return []
-    claimed = (
-        await conn.execute(
-            update(deliveries)
-            .where(
-                _D.id.in_(ids), _D.status == str(DeliveryStatus.PENDING), _D.next_attempt_at <= now
-            )
-            .values(
-                lease_owner=owner,
-                lease_expires_at=lease_until,
-                next_attempt_at=lease_until,
-                attempts=_D.attempts + 1,
-            )
-            .returning(_D.id, _D.attempts)
-        )
-    ).all()
-    claimed_ids = [r.id for r in claimed]
-    if not claimed_ids:
-        return []
-    await _mark_interrupted(conn, [r.id for r in claimed if r.attempts > 1])
-    # Every attempt is logged before it is sent: its line is written with the claim.
-    await bulk.insert(
-        conn,
-        delivery_attempts,
-        [{"delivery_id": r.id, "number": r.attempts, "started_at": now} for r in claimed],
-    )
-    q = (
-        select(
-            _D.id,
-            _D.event_id,
-            _D.event_type,
-            _D.endpoint_id,
-            _D.attempts,
-            events.c.body,
-            _EP.url,
-            _EP.enabled,
-            _EP.secret,
-            _EP.previous_secret,
-            _EP.previous_secret_expires_at,
-            _EP.failing_since,
-            _D.created_at,
-        )
-        .join(events, events.c.id == _D.event_id)
-        .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
-        .where(_D.id.in_(claimed_ids))
-        .order_by(_D.created_at)
-    )
-    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
-    return [
-        DueDelivery(
-            r.id,
-            r.event_id,
-            r.event_type,
-            r.endpoint_id,
-            r.attempts,
-            bytes(r.body),
-            r.url,
-            bool(r.enabled),
-            box.open(r.secret) if r.secret else "",
-            box.open(r.previous_secret) if r.previous_secret else None,
-            r.previous_secret_expires_at,
-            r.failing_since,
-            r.created_at,
-        )
-        for r in (await conn.execute(q)).all()
-    ]
+    return list((await conn.execute(due)).scalars())
 
 
 async def _mark_interrupted(conn: AsyncConnection, delivery_ids: Sequence[str]) -> None:
@@ -392,111 +384,72 @@ class Completion:
 
 async def finish_attempts(
     conn: AsyncConnection, completions: Sequence[Completion], *, owner: str
-) -> None:
+) -> list[str]:
     """Complete attempts' log lines and move their deliveries on (pending again, succeeded
-    or failed), many in one transaction. A delivery whose lease moved on is left alone; its
-    attempt's line still records what this attempt saw.
+    or failed), many in one transaction. Each move is guarded in SQL by the lease owner and
+    the delivery's status (:data:`~flowhook.store.models.DELIVERY_TRANSITIONS`); a delivery
+    the database refuses (its lease moved on: another process claimed it again) is left
+    alone, its attempt's line still records what this attempt saw, and its id is returned,
+    so the caller can tell that race was lost.
 
     Rows are written in ``delivery_id`` order: two processes finishing overlapping
     deliveries lock them in one order, never in opposite ones (the lock order rule)."""
     if not completions:
-        return
+        return []
     completions = sorted(completions, key=lambda c: c.delivery_id)
-    await bulk.update(
-        conn,
-        deliveries,
-        [
-            (
-                {
-                    "status": str(c.status),
-                    "last_status_code": c.attempt.status_code,
-                    "last_error": c.last_error,
-                    "next_attempt_at": c.next_attempt_at or c.attempt.finished_at,
-                    "due_at": c.next_attempt_at or c.attempt.finished_at,
-                    "finished_at": None
-                    if c.status is DeliveryStatus.PENDING
-                    else c.attempt.finished_at,
-                    "lease_owner": None,
-                    "lease_expires_at": None,
-                },
-                {"id": c.delivery_id, "lease_owner": owner},
-            )
-            for c in completions
-        ],
-    )
+    by_guard: dict[str, list[Completion]] = {}
+    for c in completions:  # one guard for all three moves today: the status is pending
+        by_guard.setdefault(delivery_move(c.status), []).append(c)
+    lost: list[str] = []
+    for guard, moving in by_guard.items():
+        applied = await bulk.update_each(
+            conn,
+            deliveries,
+            [(_moved(c), {"id": c.delivery_id, "lease_owner": owner}) for c in moving],
+            guard=guard,
+            ordered=True,
+        )
+        lost.extend(c.delivery_id for c, ok in zip(moving, applied, strict=True) if not ok)
     await bulk.update(
         conn,
         delivery_attempts,
         [
-            (
-                {
-                    "started_at": c.attempt.started_at,
-                    "finished_at": c.attempt.finished_at,
-                    "duration_ms": c.attempt.duration_ms,
-                    "address": c.attempt.address,
-                    "status_code": c.attempt.status_code,
-                    "response_excerpt": c.attempt.response_excerpt,
-                    "error_class": c.attempt.error_class,
-                    "error_detail": c.attempt.error_detail,
-                    "next_attempt_at": c.attempt.next_attempt_at,
-                },
-                {"delivery_id": c.delivery_id, "number": c.attempt.number},
-            )
+            (c.attempt.outcome(), {"delivery_id": c.delivery_id, "number": c.attempt.number})
             for c in completions
         ],
     )
+    return sorted(lost)
 
 
-def _delivery(row: Any) -> Delivery:
-    return Delivery(
-        id=row.id,
-        event_id=row.event_id,
-        endpoint_id=row.endpoint_id,
-        workspace_id=row.workspace_id,
-        mode=Mode(row.mode),
-        event_type=row.event_type,
-        run_id=row.run_id,
-        status=DeliveryStatus(row.status),
-        attempts=row.attempts,
-        next_attempt_at=row.next_attempt_at,
-        created_at=row.created_at,
-        last_status_code=row.last_status_code,
-        last_error=row.last_error,
-        replay_of=row.replay_of,
-        finished_at=row.finished_at,
-    )
+def _moved(c: Completion) -> dict[str, Any]:
+    """The columns a completion writes into its delivery."""
+    due = c.next_attempt_at or c.attempt.finished_at
+    return {
+        "status": str(c.status),
+        "last_status_code": c.attempt.status_code,
+        "last_error": c.last_error,
+        "next_attempt_at": due,
+        "due_at": due,
+        "finished_at": None if c.status is DeliveryStatus.PENDING else c.attempt.finished_at,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
 
 
 async def get_delivery(
     conn: AsyncConnection, workspace_id: str, mode: Mode, delivery_id: str
 ) -> Delivery | None:
-    q = select(deliveries).where(
-        _D.id == delivery_id, _D.workspace_id == workspace_id, _D.mode == str(mode)
-    )
+    q = select(deliveries).where(owned(_D.id, delivery_id, workspace_id, mode))
     row = (await conn.execute(q)).first()
     if row is None:
         return None
-    found = _delivery(row)
+    found = Delivery.from_row(row)
     attempts_q = (
         select(delivery_attempts)
         .where(delivery_attempts.c.delivery_id == delivery_id)
         .order_by(delivery_attempts.c.number)
     )
-    found.attempt_log = [
-        Attempt(
-            a.number,
-            a.started_at,
-            a.finished_at,
-            a.duration_ms,
-            a.address,
-            a.status_code,
-            a.response_excerpt,
-            a.error_class,
-            a.error_detail,
-            a.next_attempt_at,
-        )
-        for a in (await conn.execute(attempts_q)).all()
-    ]
+    found.attempt_log = [Attempt.from_row(a) for a in (await conn.execute(attempts_q)).all()]
     return found
 
 
@@ -512,23 +465,11 @@ async def list_deliveries(
     event_type: str | None = None,
     run_id: str | None = None,
 ) -> list[Delivery]:
-    q = (
-        select(deliveries)
-        .where(_D.workspace_id == workspace_id, _D.mode == str(mode))
-        .order_by(_D.id.desc())
-        .limit(limit)
-    )
-    if after is not None:
-        q = q.where(_D.id < after)
-    if status is not None:
-        q = q.where(_D.status == str(status))
-    if endpoint_id is not None:
-        q = q.where(_D.endpoint_id == endpoint_id)
-    if event_type is not None:
-        q = q.where(_D.event_type == event_type)
-    if run_id is not None:
-        q = q.where(_D.run_id == run_id)
-    return [_delivery(r) for r in (await conn.execute(q)).all()]
+    q = page(
+        deliveries, _D.id, workspace_id, mode, limit=limit, after=after,
+        status=status, endpoint_id=endpoint_id, event_type=event_type, run_id=run_id,
+    )  # fmt: skip
+    return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
 
 
 async def failed_deliveries_between(
@@ -554,7 +495,7 @@ async def failed_deliveries_between(
     )
     if after is not None:
         q = q.where(_D.id > after)
-    return [_delivery(r) for r in (await conn.execute(q)).all()]
+    return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
 
 
 async def events_in_hand(conn: AsyncConnection, endpoint_id: str, event_ids: set[str]) -> set[str]:

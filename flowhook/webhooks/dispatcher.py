@@ -4,9 +4,11 @@ Every attempt is logged before it is sent (its line is written in the claim's tr
 and completed after, so a process that dies mid-attempt leaves a line without an end and the
 delivery is tried again (same event id) when its lease runs out. Completions are written in
 groups: whatever finished while the previous group was being committed goes in the next
-transaction (group commit), so a busy dispatcher writes a few transactions a second, not one
-per delivery. The lease is at least three times the request
-timeout, so two processes never send the same attempt.
+transaction (a :class:`~flowhook.group_commit.GroupCommit` that gathers for
+``COMPLETION_GATHER``), so a busy dispatcher writes a few transactions a second, not one per
+delivery. The lease is at least three times the request timeout, so two processes never send
+the same attempt. The claim loop, its idle wait, start, stop and drain are the
+:class:`~flowhook.consumer.Consumer` skeleton's (shared with the engine's worker).
 
 Requests in flight are capped at ``concurrency`` in all and ``per_endpoint`` per endpoint. The
 process holds up to ``HOLD`` times as many deliveries (claimed, waiting for a request slot, or
@@ -20,7 +22,6 @@ endpoint and none of an endpoint already holding that many: a dead endpoint ties
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -31,7 +32,9 @@ import aiohttp
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
+from flowhook.consumer import Consumer
 from flowhook.errors import StoreUnavailable
+from flowhook.group_commit import GroupCommit
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import Attempt, DeliveryStatus
@@ -39,7 +42,7 @@ from flowhook.store.wakeup import Wakeup
 from flowhook.targets import guarded_connector
 from flowhook.webhooks import metrics
 from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
-from flowhook.webhooks.sender import build_headers, send
+from flowhook.webhooks.sender import Result, build_headers, send
 
 __all__ = ["Dispatcher"]
 
@@ -55,7 +58,11 @@ webhook has been sent by then; this only delays freeing its slot, and it turned 
 transaction per six deliveries into one per several dozen under load."""
 
 
-class Dispatcher:
+class Dispatcher(Consumer):
+    _name = "dispatcher"
+    _log = log
+    _claim_batch = CLAIM_BATCH
+
     def __init__(
         self,
         db: Database,
@@ -73,10 +80,7 @@ class Dispatcher:
         retry_throttled: bool = False,
         poll_interval: float = 5.0,
     ) -> None:
-        self.db = db
-        self.clock = clock
-        self.wakeup = wakeup
-        self.owner = owner
+        super().__init__(db, clock, wakeup, owner, capacity=HOLD * concurrency, poll=poll_interval)
         self.concurrency = concurrency
         self.per_endpoint = per_endpoint
         self.timeout = timeout
@@ -85,12 +89,7 @@ class Dispatcher:
         self.disable_after = timedelta(seconds=disable_after)
         self.allow_private = allow_private_targets
         self.retry_throttled = retry_throttled
-        self.poll_interval = poll_interval
         self.lease = timedelta(seconds=3 * timeout + 1)
-        self.http: aiohttp.ClientSession | None = None
-        self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._last_limit = 0
-        """How many the last claim could take."""
         self._per_endpoint: Counter[str] = Counter()
         """Deliveries this process holds per endpoint (claimed and not yet completed)."""
         self._sending: dict[str, asyncio.Semaphore] = {}
@@ -99,11 +98,11 @@ class Dispatcher:
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
-        self._stopping = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._done: list[tuple[store.Completion, asyncio.Future[None]]] = []
-        self._done_ready = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
+        self._completions: GroupCommit[store.Completion, None] = GroupCommit(
+            self._commit_completions,
+            max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
+            gather=COMPLETION_GATHER,
+        )
 
     async def open(self) -> None:
         if self.http is None:
@@ -113,37 +112,13 @@ class Dispatcher:
                 limit_per_host=self.per_endpoint * 4,
             )
             self.http = aiohttp.ClientSession(connector=connector)
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_loop(), name="flowhook-completions")
 
-    async def start(self) -> None:
-        await self.open()
-        self._loop_task = asyncio.create_task(self._loop(), name="flowhook-dispatcher")
+    async def _stopped(self, unfinished: list[str]) -> None:
+        """Stop writing completions: one not committed yet is dropped (as if the process
+        had died), and its delivery is tried again when its lease ends."""
+        await self._completions.cancel()
 
-    async def stop(self, grace: float = 10.0) -> None:
-        self._stopping.set()
-        self.wakeup.notify()
-        if self._inflight:
-            await asyncio.wait(list(self._inflight.values()), timeout=grace)
-        tasks = [*self._inflight.values(), *([self._loop_task] if self._loop_task else [])]
-        if self._flusher is not None:
-            tasks.append(self._flusher)
-            self._flusher = None
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
-
-    async def run_once(self) -> int:
-        """Claim and start what is due now; how many deliveries were claimed."""
-        free = min(HOLD * self.concurrency - len(self._inflight), CLAIM_BATCH)
-        self._last_limit = free
-        if free <= 0:
-            return 0
+    async def _claim(self, limit: int) -> int:
         now = self.clock.now()
         async with self.db.transaction() as conn:
             claimed = await store.claim_deliveries(
@@ -151,7 +126,7 @@ class Dispatcher:
                 owner=self.owner,
                 now=now,
                 lease_until=now + self.lease,
-                limit=free,
+                limit=limit,
                 per_endpoint=HOLD * self.per_endpoint,
                 busy_endpoints=self._endpoints_at_cap(),
             )
@@ -166,13 +141,14 @@ class Dispatcher:
             self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         return len(claimed)
 
+    async def _next_due(self, conn: AsyncConnection) -> datetime | None:
+        # An endpoint at its cap has due deliveries but takes none now: looking past them
+        # avoids claiming every 5 ms for nothing; a delivery it finishes wakes the loop.
+        return await store.next_due_delivery(conn, self._endpoints_at_cap())
+
     def _endpoints_at_cap(self) -> list[str]:
         """Endpoints holding all the deliveries this process takes of one endpoint."""
         return [ep for ep, n in self._per_endpoint.items() if n >= HOLD * self.per_endpoint]
-
-    async def drain(self) -> None:
-        while self._inflight:
-            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
 
     async def _deliver(self, due: store.DueDelivery) -> None:
         try:
@@ -199,55 +175,79 @@ class Dispatcher:
                 self.wakeup.notify()
 
     async def _attempt(self, due: store.DueDelivery) -> None:
+        """One attempt: send the request (unless the endpoint is gone or disabled), then
+        wait until its outcome is committed."""
         assert self.http is not None, "open() first"
-        now = self.clock.now()
         number = due.attempts  # counted and logged by the claim
         if due.url is None or not due.enabled:
-            gone = due.url is None
-            await self._complete(
-                store.Completion(
-                    due.id,
-                    due.endpoint_id,
-                    Attempt(
-                        number, now, now, 0,
-                        error_class="endpoint_deleted" if gone else "endpoint_disabled",
-                        error_detail="the endpoint was deleted" if gone else "the endpoint is disabled",
-                    ),
-                    DeliveryStatus.FAILED,
-                    None,
-                    "the endpoint was deleted" if gone else "the endpoint is disabled",
-                )
-            )  # fmt: skip
+            await self._complete(self._undeliverable(due, number))
             return
         async with self._sending[due.endpoint_id], self._send_slots:
-            now = self.clock.now()  # the attempt starts when its request may go out
-            if not await self._lease_covers_request(due, now):
+            started = self.clock.now()  # the attempt starts when its request may go out
+            if not await self._lease_covers_request(due, started):
                 return  # another process holds it now: it sends this attempt
-            previous = due.previous_secret
-            if previous and (
-                due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
-            ):
-                previous = None
-            headers = build_headers(
-                body=due.body,
-                event_id=due.event_id,
-                event_type=due.event_type,
-                delivery_id=due.id,
-                attempt=number,
-                secret=due.secret,
-                previous_secret=previous,
-                now=now,
-            )
             result = await send(
                 self.http,
                 due.url,
                 due.body,
-                headers,
+                self._headers(due, number, started),
                 timeout=self.timeout,
                 allow_private=self.allow_private,
                 retry_throttled=self.retry_throttled,
             )
         finished = self.clock.now()
+        await self._complete(self._outcome(due, number, started, finished, result))
+        metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
+        if result.delivered:
+            metrics.record_delivered((finished - due.created_at).total_seconds())
+
+    def _undeliverable(self, due: store.DueDelivery, number: int) -> store.Completion:
+        """The failed attempt of a delivery whose endpoint was deleted or disabled."""
+        now = self.clock.now()
+        gone = due.url is None
+        return store.Completion(
+            due.id,
+            due.endpoint_id,
+            Attempt(
+                number, now, now, 0,
+                error_class="endpoint_deleted" if gone else "endpoint_disabled",
+                error_detail="the endpoint was deleted" if gone else "the endpoint is disabled",
+            ),
+            DeliveryStatus.FAILED,
+            None,
+            "the endpoint was deleted" if gone else "the endpoint is disabled",
+        )  # fmt: skip
+
+    @staticmethod
+    def _headers(due: store.DueDelivery, number: int, now: datetime) -> dict[str, str]:
+        """The signed headers of attempt ``number``: the previous secret signs too until it
+        expires."""
+        previous = due.previous_secret
+        if previous and (
+            due.previous_secret_expires_at is None or due.previous_secret_expires_at <= now
+        ):
+            previous = None
+        return build_headers(
+            body=due.body,
+            event_id=due.event_id,
+            event_type=due.event_type,
+            delivery_id=due.id,
+            attempt=number,
+            secret=due.secret,
+            previous_secret=previous,
+            now=now,
+        )
+
+    def _outcome(
+        self,
+        due: store.DueDelivery,
+        number: int,
+        started: datetime,
+        finished: datetime,
+        result: Result,
+    ) -> store.Completion:
+        """What becomes of the delivery after this attempt's ``result``: succeeded, pending
+        (a retryable failure with attempts left, never sooner than a Retry-After), or failed."""
         next_at: datetime | None = None
         if result.delivered:
             status = DeliveryStatus.SUCCEEDED
@@ -262,7 +262,7 @@ class Dispatcher:
             status = DeliveryStatus.FAILED
         attempt = Attempt(
             number=number,
-            started_at=now,
+            started_at=started,
             finished_at=finished,
             duration_ms=result.duration_ms,
             address=result.address,
@@ -273,12 +273,7 @@ class Dispatcher:
             next_attempt_at=next_at,
         )
         last_error = f"{result.error_class}: {result.error_detail}" if result.error_class else None
-        await self._complete(
-            store.Completion(due.id, due.endpoint_id, attempt, status, next_at, last_error)
-        )
-        metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
-        if result.delivered:
-            metrics.record_delivered((finished - due.created_at).total_seconds())
+        return store.Completion(due.id, due.endpoint_id, attempt, status, next_at, last_error)
 
     async def _lease_covers_request(self, due: store.DueDelivery, now: datetime) -> bool:
         """A held delivery may wait for a request slot (a slow endpoint answers its earlier
@@ -300,32 +295,14 @@ class Dispatcher:
 
     async def _complete(self, completion: store.Completion) -> None:
         """Queue a completion for the next group commit and wait until it is durable."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._done.append((completion, done))
-        self._done_ready.set()
-        await done
+        await self._completions.submit(completion)
         if completion.status is DeliveryStatus.PENDING:
             self.wakeup.notify()  # a retry is due: the idle wait may be longer than its backoff
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._done_ready.wait()
-            await asyncio.sleep(COMPLETION_GATHER)
-            self._done_ready.clear()
-            batch, self._done = self._done, []
-            if not batch:
-                continue
-            completions = [c for c, _ in batch]
-            try:
-                await self.db.retrying(partial(self._write_completions, completions=completions))
-            except Exception as exc:  # noqa: BLE001 - handed to every waiter
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                continue
-            for _, done in batch:
-                if not done.done():
-                    done.set_result(None)
+    async def _commit_completions(self, completions: Sequence[store.Completion]) -> list[None]:
+        """One group commit, run again if it loses a lock conflict (it wrote nothing then)."""
+        await self.db.retrying(partial(self._write_completions, completions=completions))
+        return [None] * len(completions)
 
     async def _write_completions(
         self, conn: AsyncConnection, completions: Sequence[store.Completion]
@@ -333,7 +310,12 @@ class Dispatcher:
         """One group commit of finished attempts, and endpoint health: per endpoint, the last
         final outcome of the group; endpoints in id order (the lock order rule), so two
         processes marking the same endpoints cannot deadlock."""
-        await store.finish_attempts(conn, completions, owner=self.owner)
+        for delivery_id in await store.finish_attempts(conn, completions, owner=self.owner):
+            log.warning(
+                "delivery %s: its lease moved on before this attempt ended; the attempt is "
+                "logged, the delivery is left to the process that holds it now",
+                delivery_id,
+            )
         final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
         for endpoint_id in sorted(final):
             c = final[endpoint_id]
@@ -348,38 +330,3 @@ class Dispatcher:
                 log.warning(
                     "endpoint %s disabled: only failures for %s", c.endpoint_id, self.disable_after
                 )
-
-    async def _idle_wait(self) -> None:
-        timeout = self.poll_interval
-        try:
-            # An endpoint at its cap has due deliveries but takes none now: looking past them
-            # avoids claiming every 5 ms for nothing; a delivery it finishes wakes the loop.
-            async with self.db.read() as conn:
-                due = await store.next_due_delivery(conn, self._endpoints_at_cap())
-            if due is not None:
-                timeout = min(timeout, max(0.0, (due - self.clock.now()).total_seconds()) + 0.005)
-        except StoreUnavailable:
-            pass
-        await self.wakeup.wait(timeout)
-
-    async def _loop(self) -> None:
-        backoff = 0.1
-        while not self._stopping.is_set():
-            self.wakeup.clear()
-            try:
-                claimed = await self.run_once()
-                backoff = 0.1
-            except StoreUnavailable:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            except Exception:
-                log.exception("dispatcher: claim failed")
-                await asyncio.sleep(1.0)
-                continue
-            if claimed >= self._last_limit and len(self._inflight) < HOLD * self.concurrency:
-                continue  # the batch was full: more may be due (a partial one took it all)
-            if len(self._inflight) >= HOLD * self.concurrency:
-                await self.wakeup.wait(self.poll_interval)
-            else:
-                await self._idle_wait()

@@ -20,7 +20,7 @@ ATTEMPT_SECONDS = Histogram(
 
 OUTCOMES = frozenset(
     {"delivered", "redirect", "throttled", "http_4xx", "http_5xx", "destination_blocked",
-     "timeout", "dns", "tls", "connection"}
+     "timeout", "dns", "tls", "connection", "invalid_request"}
 )  # fmt: skip
 """The label's fixed set; anything else counts as ``other`` (the series stay bounded)."""
 

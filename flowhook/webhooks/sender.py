@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from flowhook.outbound import classify
 from flowhook.signing import build_headers
 from flowhook.targets import TargetRefused, check_url
 
@@ -101,17 +102,8 @@ async def send(
                 status_code=status, excerpt=excerpt, address=address, error_class=kind,
                 error_detail=f"answered {status}",
             )  # fmt: skip
-    except TargetRefused as exc:
-        return done(error_class="destination_blocked", error_detail=exc.message)
-    except TimeoutError:
+    except TimeoutError:  # before OSError, of which it is one
         return done(error_class="timeout", error_detail=f"no answer within {timeout:g} s")
-    except aiohttp.ClientConnectorDNSError as exc:
-        return done(error_class="dns", error_detail=str(exc))
-    except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as exc:
-        return done(error_class="tls", error_detail=str(exc))
-    except aiohttp.ClientConnectorError as exc:
-        if isinstance(exc.__cause__, TargetRefused):
-            return done(error_class="destination_blocked", error_detail=exc.__cause__.message)
-        return done(error_class="connection", error_detail=str(exc))
-    except (aiohttp.ClientError, OSError) as exc:
-        return done(error_class="connection", error_detail=f"{type(exc).__name__}: {exc}")
+    except (TargetRefused, aiohttp.ClientError, OSError) as exc:
+        error_class, detail = classify(exc)
+        return done(error_class=error_class, error_detail=detail)

@@ -67,6 +67,9 @@ def test_slow_expressions_leave_other_tenants_answered_and_stop_at_the_bound(
             r = client.get("/api/v1/flows", headers=globex)
             latencies.append(time.monotonic() - t0)
             assert r.status_code == 200 and len(r.json()["data"]) == 1
+            if len(latencies) % 4:  # the other tenant is sampled often, the runs read less
+                time.sleep(0.02)
+                continue
             for run_id in [*slow_runs, legal_run]:
                 if run_id not in finished:
                     body = client.get(f"/api/v1/flows/runs/{run_id}", headers=acme).json()

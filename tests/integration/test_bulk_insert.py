@@ -1,9 +1,11 @@
 """SQLite's bulk path stores exactly what SQLAlchemy's executemany stores, byte for byte, for
-inserts, upserts and updates, and raises the same errors (an idempotency race still surfaces
-as an IntegrityError)."""
+inserts, upserts and updates of every table the store writes through it, and raises the same
+errors (an idempotency race still surfaces as an IntegrityError). A column type it has no
+conversion for fails the write instead of storing something else."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import sqlite3
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,10 +14,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy.exc as sa_exc
+from sqlalchemy import Boolean, Column, Enum, MetaData, Numeric, String, Table
 
 from flowhook.store import bulk
+from flowhook.store import tables as store_tables
 from flowhook.store.db import Database
-from flowhook.store.tables import events, run_steps, runs
+from flowhook.store.tables import deliveries, delivery_attempts, events, run_steps, runs
+
+STORE = Path(bulk.__file__).parent
 
 NOW = datetime(2026, 11, 22, 10, 15, 30, 123456, tzinfo=UTC)
 ELSEWHERE = timezone(timedelta(hours=-5))
@@ -78,14 +84,71 @@ async def _write(db: Database) -> None:
                 for i in range(3)
             ],
         )  # fmt: skip
+    await _write_deliveries(db)
+
+
+def _deliveries() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"dlv_{i}", "event_id": "evt_0", "endpoint_id": "we_1", "workspace_id": "ws_1",
+            "mode": "test", "event_type": "flow.started", "run_id": None if i else "run_1",
+            "status": "pending", "attempts": 0, "next_attempt_at": NOW.astimezone(ELSEWHERE),
+            "due_at": NOW + timedelta(seconds=i), "created_at": NOW, "lease_owner": "w1",
+            "lease_expires_at": NOW + timedelta(seconds=30),
+        }
+        for i in range(3)
+    ]  # fmt: skip
+
+
+async def _write_deliveries(db: Database) -> None:
+    """As the outbox writes them: queued (here already leased), an attempt line each, then
+    finished by the lease's owner."""
+    async with db.transaction() as conn:
+        await bulk.insert(conn, deliveries, _deliveries())
+        await bulk.insert(
+            conn,
+            delivery_attempts,
+            [{"delivery_id": f"dlv_{i}", "number": 1, "started_at": NOW} for i in range(3)],
+        )
+    async with db.transaction() as conn:
+        await bulk.update(
+            conn,
+            deliveries,
+            [
+                (
+                    {"status": "delivered" if i else "pending", "last_status_code": 200 if i else None,
+                     "last_error": None if i else "answered 503 ✗", "next_attempt_at": NOW,
+                     "due_at": NOW, "finished_at": NOW if i else None, "lease_owner": None,
+                     "lease_expires_at": None},
+                    {"id": f"dlv_{i}", "lease_owner": "w1"},
+                )
+                for i in range(3)
+            ],
+        )  # fmt: skip
+        await bulk.update(
+            conn,
+            delivery_attempts,
+            [
+                (
+                    {"started_at": NOW, "finished_at": NOW.astimezone(ELSEWHERE),
+                     "duration_ms": 2**40 + i, "address": "127.0.0.1" if i else None,
+                     "status_code": 200 if i else None, "response_excerpt": "ok é" if i else "",
+                     "error_class": None if i else "timeout", "error_detail": None,
+                     "next_attempt_at": None if i else NOW},
+                    {"delivery_id": f"dlv_{i}", "number": 1},
+                )
+                for i in range(3)
+            ],
+        )  # fmt: skip
+
+
+WRITTEN = ("runs", "run_steps", "events", "deliveries", "delivery_attempts")
+"""The tables the comparison writes: every one the store writes through ``bulk``."""
 
 
 def _dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     with sqlite3.connect(path) as raw:
-        return {
-            t: raw.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall()
-            for t in ("runs", "run_steps", "events")
-        }
+        return {t: raw.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in WRITTEN}
 
 
 async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
@@ -106,6 +169,8 @@ async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
     assert stored == _dump(slow)
     assert [r[4] for r in stored["run_steps"]] == ["completed"] * 3  # the upsert replaced them
     assert [r[6] for r in stored["runs"]] == ["completed"] * 3  # the updates reached each run
+    assert [r[7] for r in stored["deliveries"]] == ["pending", "delivered", "delivered"]
+    assert [r[4] for r in stored["delivery_attempts"]] == [2**40, 2**40 + 1, 2**40 + 2]
 
 
 async def test_a_duplicate_key_is_an_integrity_error_and_rolls_back(
@@ -126,3 +191,53 @@ async def test_a_duplicate_key_is_an_integrity_error_and_rolls_back(
         await new_rows_then_a_duplicate()
     await db.dispose()
     assert [r[0] for r in _dump(path)["runs"]] == ["run_0"]
+
+
+def _bulk_written_tables() -> set[str]:
+    """The tables the store's modules pass to ``bulk.insert`` / ``bulk.update``."""
+    found: set[str] = set()
+    for path in STORE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "bulk"
+                and node.func.attr in ("insert", "update")
+            ):
+                table = node.args[1]
+                assert isinstance(table, ast.Name), f"{path.name}: name the table plainly"
+                found.add(getattr(store_tables, table.id).name)
+    return found
+
+
+def test_the_comparison_covers_every_table_bulk_writes() -> None:
+    written = _bulk_written_tables()
+    assert written and written <= set(WRITTEN), f"compare these too: {written - set(WRITTEN)}"
+
+
+def test_every_column_of_those_tables_has_a_conversion() -> None:
+    for name in WRITTEN:
+        table = store_tables.metadata.tables[name]
+        columns = tuple(c.name for c in table.columns)
+        bulk._plan(table, columns, ())
+        bulk._update_plan(table, columns, columns[:1])
+
+
+@pytest.mark.parametrize("kind", [Boolean(), Numeric(10, 2), Enum("a", "b")])
+async def test_a_column_type_with_no_known_conversion_fails_before_writing(
+    tmp_path: Path, sqlite_template: Path, kind: Any
+) -> None:
+    odd = Table("odd", MetaData(), Column("id", String(8), primary_key=True), Column("v", kind))
+    path = tmp_path / "odd.db"
+    shutil.copy(sqlite_template, path)
+    db = Database(f"sqlite:///{path}")
+    async with db.transaction() as conn:
+        await conn.exec_driver_sql("CREATE TABLE odd (id TEXT PRIMARY KEY, v)")
+        with pytest.raises(TypeError, match=r"odd\.v"):
+            await bulk.insert(conn, odd, [{"id": "x", "v": "a"}])
+        with pytest.raises(TypeError, match=r"odd\.v"):
+            await bulk.update(conn, odd, [({"v": "a"}, {"id": "x"})])
+    await db.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT count(*) FROM odd").fetchone() == (0,)

@@ -8,8 +8,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from flowhook.clock import FakeClock
+import pytest
+
+from flowhook.clock import FakeClock, SystemClock
 from flowhook.engine.executor import Executor
+from flowhook.engine.worker import Worker
 from flowhook.service import Services
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
@@ -169,6 +172,35 @@ async def test_cancel_during_a_delay_is_immediate(api: Api) -> None:
     assert [e["event"] for e in await events_of(api, run_id)][-1] == "flow.cancelled"
 
 
+async def test_a_run_cancelled_while_asleep_reports_its_steps_and_duration(api: Api) -> None:
+    run_id = await start(
+        api,
+        flow(
+            {"id": "first", "type": "transform", "output": {"x": 1}},
+            {"id": "wait", "type": "delay", "seconds": 60},
+        ),
+    )
+    for _ in range(100):
+        body = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+        if [s["status"] for s in body["steps"]] == ["completed", "waiting"]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError(f"the run never slept in its delay: {body}")
+    await asyncio.sleep(0.05)  # the run has lasted at least 50 ms
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    assert (r.status_code, r.json()["status"]) == (200, "cancelled")
+    [cancelled] = [e for e in await events_of(api, run_id) if e["event"] == "flow.cancelled"]
+    payload = cancelled["body"]["payload"]
+    assert payload["status"] == "cancelled"
+    assert payload["steps_executed"] == 1
+    assert payload["duration_ms"] >= 50
+    run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+    assert run["status"] == "cancelled"
+    assert (run["steps_executed"], run["duration_ms"]) == (1, payload["duration_ms"])
+    assert r.json()["duration_ms"] == payload["duration_ms"]
+
+
 async def test_cancel_during_an_http_request_takes_effect_within_a_second(
     api: Api, receiver: Receiver
 ) -> None:
@@ -318,3 +350,55 @@ async def test_flow_concurrency_caps_runs_in_flight(api: Api, receiver: Receiver
         assert (await api.wait(run_id, timeout=15))["status"] == "completed"
     assert len(receiver.requests) == 6
     assert peak == 2
+
+
+async def test_flow_concurrency_holds_across_workers(
+    api: Api, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three workers (the app's and two more on the same database) take runs of one capped
+    flow at once; the cap holds at every moment, not just on average. Every write of a run's
+    progress is slowed, so a run admitted on a count that does not yet see another admitted
+    run would show as a third request in flight."""
+    real = runs_store.apply_progress
+
+    async def slow(conn: Any, items: Any, *, owner: str) -> list[bool]:
+        await asyncio.sleep(0.03)
+        return await real(conn, items, owner=owner)
+
+    monkeypatch.setattr(runs_store, "apply_progress", slow)
+    spans: list[tuple[float, float]] = []
+    original = receiver.handle
+
+    async def timed(request: Any) -> Any:
+        begun = time.monotonic()
+        try:
+            return await original(request)
+        finally:
+            spans.append((begun, time.monotonic()))
+
+    receiver.delay = 0.02
+    receiver.handle = timed  # type: ignore[method-assign]
+    services: Services = api.app.state.services
+    flow_id = await api.create_flow(
+        flow({"id": "call", "type": "http", "request": {"url": receiver.url}}, concurrency=2)
+    )
+    ids = [await api.execute(flow_id) for _ in range(40)]
+    others = [
+        Worker(services.db, SystemClock(), services.wakeup, allow_private_targets=True)
+        for _ in range(2)
+    ]
+    for worker in others:
+        await worker.start()
+    try:
+        for run_id in ids:
+            assert (await api.wait(run_id, timeout=30))["status"] == "completed"
+    finally:
+        for worker in others:
+            await worker.stop()
+    assert len(spans) == 40
+    moments = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans])
+    in_flight = peak = 0
+    for _, step in moments:
+        in_flight += step
+        peak = max(peak, in_flight)
+    assert peak <= 2

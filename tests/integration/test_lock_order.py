@@ -77,7 +77,13 @@ def _progress(run_id: str, k: int) -> runs_store.Progress:
     now = datetime.now(UTC)
     step = RunStep(k, f"s{k}", "transform", StepStatus.COMPLETED, 1, now, now, 0, {"k": k})
     return runs_store.Progress(
-        run_id, ((RunStatus.RUNNING, {"steps_executed": k + 1, "next_step": k + 1}, True),), [step]
+        run_id,
+        (
+            runs_store.StatusChange(
+                RunStatus.RUNNING, {"steps_executed": k + 1, "next_step": k + 1}
+            ),
+        ),
+        [step],
     )
 
 

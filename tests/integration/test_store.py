@@ -102,10 +102,7 @@ async def test_an_expired_lease_makes_the_run_claimable_again(
     assert second[0].claims == 2
     # The first owner lost its lease: its writes are refused and roll back.
     with pytest.raises(runs_store.LeaseLost):
-        async with db.transaction() as conn:
-            await runs_store.save_progress(
-                conn, run_id, owner="a", status=RunStatus.RUNNING, values={}
-            )
+        await _move(db, run_id, owner="a", status=RunStatus.RUNNING)
     # Heartbeats extend only the leases the owner holds.
     async with db.transaction() as conn:
         assert (
@@ -118,6 +115,15 @@ async def test_an_expired_lease_makes_the_run_claimable_again(
             )
             == 1
         )
+
+
+async def _move(db: Database, run_id: str, *, owner: str, status: RunStatus) -> None:
+    """Move a run as the executor does; a refused move raises LeaseLost."""
+    progress = runs_store.Progress(run_id, (runs_store.StatusChange(status, {}),))
+    async with db.transaction() as conn:
+        [ok] = await runs_store.apply_progress(conn, [progress], owner=owner)
+    if not ok:
+        raise runs_store.LeaseLost(run_id)
 
 
 async def test_a_crashed_worker_s_run_is_finished_by_the_next(
@@ -153,8 +159,7 @@ async def test_terminal_runs_cannot_move(services: Services, db: Database) -> No
     await Executor(db, clock, "w").execute(claimed)
     for target in (RunStatus.RUNNING, RunStatus.FAILED, RunStatus.COMPLETED):
         with pytest.raises(runs_store.LeaseLost):
-            async with db.transaction() as conn:
-                await runs_store.save_progress(conn, run_id, owner="w", status=target, values={})
+            await _move(db, run_id, owner="w", status=target)
 
 
 async def test_cancel_requested_while_running_ends_the_run_cancelled(
@@ -225,8 +230,10 @@ async def test_a_group_commit_applies_each_run_or_nothing_of_it(
         return runs_store.Progress(
             run_id,
             (
-                (RunStatus.RUNNING, {"started_at": now}, True),
-                (RunStatus.COMPLETED, {"finished_at": now, "output": {"n": 1}}, True),
+                runs_store.StatusChange(RunStatus.RUNNING, {"started_at": now}),
+                runs_store.StatusChange(
+                    RunStatus.COMPLETED, {"finished_at": now, "output": {"n": 1}}
+                ),
             ),
             [RunStep(0, "a", "transform", StepStatus.COMPLETED, 1, now, now, 0, {"x": 1})],
             [event],
@@ -281,3 +288,40 @@ async def test_migration_0008_gives_claimable_rows_their_due_time(tmp_path: Any)
     raw.close()
     assert due["run_a"] == "2026-01-02 00:00:00.000000"
     assert due["run_b"].startswith("1970-01-01")
+
+
+async def test_a_flow_s_cap_counts_older_runs_held_and_younger_ones_running(
+    db: Database,
+) -> None:
+    """A younger run claimed while an older one sat deferred is running when the older one is
+    claimed again: it counts against the cap, so the older one does not go on top of it."""
+    clock = FakeClock()
+    now = clock.now()
+    older, younger, idle = (new_id("run") for _ in range(3))
+
+    def run(run_id: str) -> Run:
+        return Run(run_id, "ws_a", Mode.TEST, "wf_cap", 1, "api", RunStatus.QUEUED, {}, now)
+
+    lease = now + timedelta(seconds=30)
+    async with db.transaction() as conn:
+        for run_id in (older, younger, idle):
+            await runs_store.insert_run(conn, run(run_id))
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id.in_([older, younger]))
+            .values(lease_owner="w", lease_expires_at=lease)
+        )
+        await conn.execute(
+            update(runs).where(runs.c.run_id == younger).values(status=str(RunStatus.RUNNING))
+        )
+    async with db.read() as conn:
+        ahead_of_older = await runs_store.count_in_flight_ahead(conn, run(older), now)
+        ahead_of_idle = await runs_store.count_in_flight_ahead(conn, run(idle), now)
+    assert ahead_of_older == 1  # the younger one, running
+    assert ahead_of_idle == 2  # both, held
+    async with db.transaction() as conn:  # a younger run merely claimed does not count
+        await conn.execute(
+            update(runs).where(runs.c.run_id == younger).values(status=str(RunStatus.QUEUED))
+        )
+    async with db.read() as conn:
+        assert await runs_store.count_in_flight_ahead(conn, run(older), now) == 0

@@ -117,3 +117,54 @@ async def test_a_batch_whose_connection_was_lost_is_not_redone() -> None:
     assert results[0] == 0
     assert all(isinstance(r, StoreUnavailable) for r in results[1:])
     assert flaky.batches == [[0], [1, 2]]
+
+
+async def test_gathering_lets_items_that_come_meanwhile_join_the_transaction() -> None:
+    ledger = Ledger()
+    group: GroupCommit[int, int] = GroupCommit(ledger.commit, gather=0.01)
+    first = asyncio.ensure_future(group.submit(1))
+    await asyncio.sleep(0)  # the committer is gathering, not yet committing
+    rest = [asyncio.ensure_future(group.submit(n)) for n in (2, 3)]
+    assert await asyncio.gather(first, *rest) == [10, 20, 30]
+    assert ledger.batches == [[1, 2, 3]]
+
+
+async def test_without_gathering_a_lone_item_commits_at_once() -> None:
+    ledger = Ledger()
+    group: GroupCommit[int, int] = GroupCommit(ledger.commit)
+    first = asyncio.ensure_future(group.submit(1))
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(group.submit(n)) for n in (2, 3)]
+    await asyncio.gather(first, *rest)
+    assert ledger.batches == [[1], [2, 3]]
+
+
+class Hanging:
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    async def commit(self, batch: Sequence[int]) -> list[int | BaseException]:
+        self.batches.append(list(batch))
+        await asyncio.Event().wait()  # a transaction that never ends
+        raise AssertionError("unreachable")
+
+
+async def test_cancel_ends_the_transaction_under_way_and_drops_the_rest() -> None:
+    hanging = Hanging()
+    group: GroupCommit[int, int] = GroupCommit(hanging.commit)
+    first = asyncio.ensure_future(group.submit(1))
+    await asyncio.sleep(0.01)
+    queued = asyncio.ensure_future(group.submit(2))
+    await asyncio.sleep(0)
+    await group.cancel()
+    results = await asyncio.gather(first, queued, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    assert hanging.batches == [[1]]  # the queued item never reached a transaction
+    await group.wait_idle()  # nothing left running
+
+
+async def test_after_cancel_a_new_submit_commits() -> None:
+    ledger = Ledger()
+    group: GroupCommit[int, int] = GroupCommit(ledger.commit)
+    await group.cancel()  # nothing under way: a no-op
+    assert await group.submit(4) == 40

@@ -8,14 +8,20 @@ from fastapi import APIRouter, Body, Query
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import ErrorBody, FlowList, FlowRecord, flow_record, ts
+from flowhook.api.models import (
+    FlowList,
+    FlowRecord,
+    PagingDep,
+    error_responses,
+    flow_record,
+    page_response,
+    ts,
+)
 from flowhook.api.responses import ORJSONResponse
 
 router = APIRouter(tags=["flows"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 _DEFINITION = Body(
     description="A flow definition; its JSON Schema is at /api/v1/schemas/flow.json.",
     examples=[
@@ -44,13 +50,10 @@ async def create_flow(
 async def list_flows(
     services: ServicesDep,
     who: CallerDep,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
+    paging: PagingDep,
 ) -> Response:
-    page = await services.flows.list(who, limit=limit, cursor=cursor)
-    return ORJSONResponse(
-        {"data": [flow_record(f) for f in page.data], "next_cursor": page.next_cursor}
-    )
+    page = await services.flows.list(who, **paging)
+    return page_response(page, flow_record)
 
 
 @router.get(

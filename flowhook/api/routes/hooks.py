@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import ErrorBody, ts
+from flowhook.api.models import PagingDep, error_responses, page_response, ts
 from flowhook.api.responses import ORJSONResponse
 from flowhook.store.hooks import Hook
 
 router = APIRouter(tags=["hooks"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 429, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 429, 503)
 
 
 class HookCreate(BaseModel):
@@ -58,13 +56,7 @@ def hook_record(request: Request, hook: Hook, *, with_secret: bool = False) -> d
 async def create_hook(
     body: HookCreate, request: Request, services: ServicesDep, who: CallerDep
 ) -> Response:
-    hook = await services.hooks.create(
-        who,
-        flow_id=body.flow_id,
-        verify=body.verify,
-        dedup_header=body.dedup_header,
-        rate_limit=body.rate_limit,
-    )
+    hook = await services.hooks.create(who, **dict(body))  # every field is a keyword of create
     return ORJSONResponse(hook_record(request, hook, with_secret=True), status_code=201)
 
 
@@ -73,13 +65,10 @@ async def list_hooks(
     request: Request,
     services: ServicesDep,
     who: CallerDep,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
+    paging: PagingDep,
 ) -> Response:
-    page = await services.hooks.list(who, limit=limit, cursor=cursor)
-    return ORJSONResponse(
-        {"data": [hook_record(request, h) for h in page.data], "next_cursor": page.next_cursor}
-    )
+    page = await services.hooks.list(who, **paging)
+    return page_response(page, lambda h: hook_record(request, h))
 
 
 @router.get("/hooks/{hook_id}", summary="Read an inbound hook", responses=_ERRORS)

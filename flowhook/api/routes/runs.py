@@ -9,22 +9,22 @@ from fastapi import APIRouter, Header, Query
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
+from flowhook.api.fast import accepted
 from flowhook.api.models import (
-    ErrorBody,
     ExecuteRequest,
+    PagingDep,
     RunAccepted,
     RunList,
     RunRecord,
-    run_accepted,
+    error_responses,
+    page_response,
     run_record,
 )
 from flowhook.api.responses import ORJSONResponse
 
 router = APIRouter(tags=["runs"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 
 
 @router.post(
@@ -49,8 +49,7 @@ async def execute(
         trigger=body.trigger,
         idempotency_key=idempotency_key,
     )
-    headers = {"Idempotent-Replayed": "true"} if started.replayed else None
-    return ORJSONResponse(run_accepted(started.run), status_code=202, headers=headers)
+    return accepted(started)
 
 
 @router.get(
@@ -61,18 +60,12 @@ async def execute(
 async def list_runs(
     services: ServicesDep,
     who: CallerDep,
+    paging: PagingDep,
     flow_id: str | None = None,
     status: str | None = Query(None, description="queued, running, completed, failed or cancelled"),
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
 ) -> Response:
-    page = await services.runs.list(who, limit=limit, cursor=cursor, flow_id=flow_id, status=status)
-    return ORJSONResponse(
-        {
-            "data": [run_record(r, with_steps=False) for r in page.data],
-            "next_cursor": page.next_cursor,
-        }
-    )
+    page = await services.runs.list(who, **paging, flow_id=flow_id, status=status)
+    return page_response(page, lambda r: run_record(r, with_steps=False))
 
 
 @router.get(

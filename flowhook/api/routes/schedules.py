@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import ErrorBody, ts
+from flowhook.api.models import PagingDep, error_responses, page_response, ts
 from flowhook.api.responses import ORJSONResponse
 from flowhook.store.schedules import Schedule
 
 router = APIRouter(tags=["schedules"])
-_ERRORS: dict[int | str, dict[str, object]] = {
-    c: {"model": ErrorBody} for c in (400, 401, 404, 409, 413, 415, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 
 
 class ScheduleCreate(BaseModel):
@@ -54,14 +52,7 @@ def record(s: Schedule) -> dict[str, Any]:
 
 @router.post("/schedules", status_code=201, summary="Create a schedule", responses=_ERRORS)
 async def create(body: ScheduleCreate, services: ServicesDep, who: CallerDep) -> Response:
-    s = await services.schedules.create(
-        who,
-        flow_id=body.flow_id,
-        cron=body.cron,
-        timezone=body.timezone,
-        payload=body.payload,
-        enabled=body.enabled,
-    )
+    s = await services.schedules.create(who, **dict(body))  # every field is a keyword of create
     return ORJSONResponse(record(s), status_code=201)
 
 
@@ -69,11 +60,10 @@ async def create(body: ScheduleCreate, services: ServicesDep, who: CallerDep) ->
 async def list_(
     services: ServicesDep,
     who: CallerDep,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
+    paging: PagingDep,
 ) -> Response:
-    page = await services.schedules.list(who, limit=limit, cursor=cursor)
-    return ORJSONResponse({"data": [record(s) for s in page.data], "next_cursor": page.next_cursor})
+    page = await services.schedules.list(who, **paging)
+    return page_response(page, record)
 
 
 @router.get("/schedules/{schedule_id}", summary="Read a schedule", responses=_ERRORS)

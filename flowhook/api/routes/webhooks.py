@@ -10,15 +10,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import ErrorBody, ts
+from flowhook.api.models import PagingDep, error_responses, page_response, ts
 from flowhook.api.responses import ORJSONResponse
 from flowhook.store.models import Delivery, Endpoint, Event
 
 router = APIRouter(tags=["webhooks"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 415, 503)
-}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 
 
 class EndpointCreate(BaseModel):
@@ -106,9 +104,7 @@ def event_record(e: Event) -> dict[str, Any]:
     "/webhooks/endpoints", status_code=201, summary="Register an endpoint", responses=_ERRORS
 )
 async def create_endpoint(body: EndpointCreate, services: ServicesDep, who: CallerDep) -> Response:
-    ep = await services.webhooks.create_endpoint(
-        who, url=body.url, events=body.events, description=body.description, enabled=body.enabled
-    )
+    ep = await services.webhooks.create_endpoint(who, **dict(body))  # fields = its keywords
     return ORJSONResponse(endpoint_record(ep, with_secret=True), status_code=201)
 
 
@@ -116,13 +112,10 @@ async def create_endpoint(body: EndpointCreate, services: ServicesDep, who: Call
 async def list_endpoints(
     services: ServicesDep,
     who: CallerDep,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
+    paging: PagingDep,
 ) -> Response:
-    page = await services.webhooks.list_endpoints(who, limit=limit, cursor=cursor)
-    return ORJSONResponse(
-        {"data": [endpoint_record(e) for e in page.data], "next_cursor": page.next_cursor}
-    )
+    page = await services.webhooks.list_endpoints(who, **paging)
+    return page_response(page, endpoint_record)
 
 
 @router.get("/webhooks/endpoints/{endpoint_id}", summary="Read an endpoint", responses=_ERRORS)
@@ -236,25 +229,21 @@ async def recover(
 async def list_deliveries(
     services: ServicesDep,
     who: CallerDep,
+    paging: PagingDep,
     status: str | None = Query(None, description="pending, succeeded or failed"),
     endpoint_id: str | None = None,
     event: str | None = None,
     run_id: str | None = None,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
 ) -> Response:
     page = await services.webhooks.list_deliveries(
         who,
-        limit=limit,
-        cursor=cursor,
+        **paging,
         status=status,
         endpoint_id=endpoint_id,
         event=event,
         run_id=run_id,
     )
-    return ORJSONResponse(
-        {"data": [delivery_record(d) for d in page.data], "next_cursor": page.next_cursor}
-    )
+    return page_response(page, delivery_record)
 
 
 @router.get(
@@ -298,17 +287,12 @@ async def replay(delivery_id: str, services: ServicesDep, who: CallerDep) -> Res
 async def list_events(
     services: ServicesDep,
     who: CallerDep,
+    paging: PagingDep,
     event: str | None = None,
     run_id: str | None = None,
-    limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = None,
 ) -> Response:
-    page = await services.webhooks.list_events(
-        who, limit=limit, cursor=cursor, event=event, run_id=run_id
-    )
-    return ORJSONResponse(
-        {"data": [event_record(e) for e in page.data], "next_cursor": page.next_cursor}
-    )
+    page = await services.webhooks.list_events(who, **paging, event=event, run_id=run_id)
+    return page_response(page, event_record)
 
 
 @router.get(

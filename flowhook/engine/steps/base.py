@@ -10,7 +10,7 @@ import aiohttp
 
 from flowhook.clock import Clock
 
-__all__ = ["Step", "Outcome", "Context", "StepEnv", "error"]
+__all__ = ["Step", "StepBase", "Outcome", "Context", "StepEnv", "error"]
 
 Context = dict[str, Any]
 """What expressions see: ``payload``, ``steps`` (id → output and status) and ``run``."""
@@ -58,3 +58,27 @@ class Step(Protocol):
     retry: dict[str, Any] | None
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome: ...
+
+
+class StepBase:
+    """What every step type reads from its spec besides its own fields: ``id``, and
+    ``timeout_seconds`` and ``retry`` unless the type is made with ``limited=False``
+    (``delay`` and ``fail`` run no attempt that could time out or be retried, and ignore
+    them). A type names its kind and flags in its class line:
+    ``class TransformStep(StepBase, kind="transform", pure=True, external=False)``."""
+
+    type: str
+    pure: bool
+    external: bool
+    limited: bool
+
+    def __init_subclass__(
+        cls, *, kind: str, pure: bool, external: bool, limited: bool = True, **kw: Any
+    ) -> None:
+        super().__init_subclass__(**kw)
+        cls.type, cls.pure, cls.external, cls.limited = kind, pure, external, limited
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.id: str = spec["id"]
+        self.timeout: float | None = spec.get("timeout_seconds") if self.limited else None
+        self.retry: dict[str, Any] | None = spec.get("retry") if self.limited else None

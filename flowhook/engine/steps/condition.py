@@ -9,20 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ACTIONS, ExpressionError, compile_value, evaluate
-from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
 
 __all__ = ["ConditionStep"]
 
 
-class ConditionStep:
-    type = "condition"
-    pure = True
-    external = False
-
+class ConditionStep(StepBase, kind="condition", pure=True, external=False):
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
-        self.timeout: float | None = spec.get("timeout_seconds")
-        self.retry: dict[str, Any] | None = spec.get("retry")
+        super().__init__(spec)
         self._if = compile_value(spec["if"])
         self._then: str = spec.get("then", "continue")
         self._else: str = spec.get("else", "continue")

@@ -8,20 +8,14 @@ from typing import Any
 
 from flowhook.clock import isoformat
 from flowhook.definition import ExpressionError, compile_value, evaluate
-from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
 
 __all__ = ["DelayStep"]
 
 
-class DelayStep:
-    type = "delay"
-    pure = False
-    external = False
-    timeout = None
-    retry = None
-
+class DelayStep(StepBase, kind="delay", pure=False, external=False, limited=False):
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
+        super().__init__(spec)
         self._seconds = compile_value(spec["seconds"]) if "seconds" in spec else None
         self._until = compile_value(spec["until"]) if "until" in spec else None
 

@@ -17,6 +17,7 @@ import orjson
 from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.definition.requests import request_problem
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.outbound import classify
 from flowhook.targets import TargetRefused, check_url
 
 __all__ = ["HttpStep", "MAX_RESPONSE_BYTES"]
@@ -83,18 +84,8 @@ class HttpStep:
                         output["body"] = raw.decode("utf-8", "replace")
                 else:
                     output["body"] = raw.decode("utf-8", "replace")
-        except TargetRefused as exc:
-            return error("destination_blocked", exc.message)
-        except aiohttp.ClientConnectorDNSError as exc:
-            return error("dns", f"{url}: {exc}")
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.__cause__, TargetRefused):
-                return error("destination_blocked", exc.__cause__.message)
-            return error("connection", f"{url}: {exc}")
-        except aiohttp.InvalidURL as exc:
-            return error("invalid_request", f"not a valid URL: {exc}")
-        except aiohttp.ClientError as exc:
-            return error("connection", f"{url}: {type(exc).__name__}: {exc}")
+        except (TargetRefused, aiohttp.ClientError) as exc:
+            return error(*classify(exc, where=f"{url}: "))
         status = output["status_code"]
         if 200 <= status < 300 or status in self._accept:
             return Outcome(output=output)

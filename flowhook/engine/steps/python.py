@@ -9,21 +9,15 @@ import inspect
 from typing import Any
 
 from flowhook.definition import ExpressionError, compile_value, evaluate
-from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
 from flowhook.plugins import StepContext, registered
 
 __all__ = ["PythonStep"]
 
 
-class PythonStep:
-    type = "python"
-    pure = False
-    external = True
-
+class PythonStep(StepBase, kind="python", pure=False, external=True):
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
-        self.timeout: float | None = spec.get("timeout_seconds")
-        self.retry: dict[str, Any] | None = spec.get("retry")
+        super().__init__(spec)
         self._name: str = spec["function"]
         self._input = compile_value(spec.get("input"))
 

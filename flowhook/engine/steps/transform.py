@@ -5,20 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ExpressionError, compile_value, evaluate
-from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
 
 __all__ = ["TransformStep"]
 
 
-class TransformStep:
-    type = "transform"
-    pure = True
-    external = False
-
+class TransformStep(StepBase, kind="transform", pure=True, external=False):
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
-        self.timeout: float | None = spec.get("timeout_seconds")
-        self.retry: dict[str, Any] | None = spec.get("retry")
+        super().__init__(spec)
         self._output = compile_value(spec["output"])
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:

@@ -1,0 +1,34 @@
+"""Why an outbound HTTP request failed, told one way for webhook attempts
+(:mod:`flowhook.webhooks.sender`) and ``http`` steps (:mod:`flowhook.engine.steps.http`).
+
+Timeouts are each caller's own (the sender's per-attempt limit; the step's limit, enforced by
+the executor), so they are not classified here: catch ``TimeoutError`` first where it is yours.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from flowhook.targets import TargetRefused
+
+__all__ = ["classify"]
+
+
+def classify(
+    exc: TargetRefused | aiohttp.ClientError | OSError, *, where: str = ""
+) -> tuple[str, str]:
+    """(error class, detail) of a failed request. ``where`` (the step's ``"<url>: "``)
+    prefixes the details of network errors; a refusal or a malformed URL says what it is."""
+    if isinstance(exc, TargetRefused):
+        return "destination_blocked", exc.message
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "dns", f"{where}{exc}"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return "tls", f"{where}{exc}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.__cause__, TargetRefused):  # the guarded connector refused the peer
+            return "destination_blocked", exc.__cause__.message
+        return "connection", f"{where}{exc}"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return "invalid_request", f"not a valid URL: {exc}"
+    return "connection", f"{where}{type(exc).__name__}: {exc}"
