@@ -61,11 +61,28 @@ class _Watchdog:
             self._wake.set()
 
     def end(self, tid: int) -> None:
+        """The evaluation in thread ``tid`` (the calling thread) is over: no more
+        :class:`TooSlow` for it, and one raised but not delivered yet is taken here."""
         with self._lock:
             self._deadlines.pop(tid, None)
-            if tid in self._fired:  # raised but maybe not delivered yet: withdraw it
-                self._fired.discard(tid)
-                _set_async_exc(ctypes.c_ulong(tid), None)
+            fired = tid in self._fired
+            self._fired.discard(tid)
+        if not fired:
+            return
+        # A TooSlow may still be pending for this thread. It is not withdrawn with
+        # PyThreadState_SetAsyncExc(tid, NULL): on CPython 3.11 that leaves the interpreter's
+        # "async exception pending" flag set for good, so every thread takes the eval loop's
+        # slow path at every call and loop from then on (and a traced thread, under coverage,
+        # spins at a function's first instruction). Instead one is raised again here (the
+        # same exception, now surely pending) and taken at the loop's next check; the
+        # watchdog fires no more for this thread, so nothing is left pending after it.
+        try:
+            while True:
+                _set_async_exc(ctypes.c_ulong(tid), ctypes.py_object(TooSlow))
+                for _ in range(2):
+                    pass
+        except TooSlow:
+            pass
 
     def _watch(self) -> None:
         while True:

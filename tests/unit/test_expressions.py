@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +76,27 @@ def test_a_runaway_loop_is_stopped() -> None:
     with pytest.raises(ExpressionError, match="longer than"):
         compile_value(source)(CTX)
     assert time.monotonic() - started < 5
+
+
+RUNAWAY_UNDER_COVERAGE = """
+from flowhook.definition import ExpressionError, compile_value
+try:
+    compile_value("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}")({})
+except ExpressionError:
+    print("stopped")
+"""
+
+
+def test_a_stopped_evaluation_leaves_no_exception_pending(tmp_path: Path) -> None:
+    # Withdrawing a raised TooSlow with PyThreadState_SetAsyncExc(id, NULL) left CPython
+    # 3.11's async-exception flag set for good: under coverage's tracer the process then
+    # spun at exit for ever. The watchdog now takes a pending one instead.
+    script = tmp_path / "runaway.py"
+    script.write_text(RUNAWAY_UNDER_COVERAGE)
+    data = tmp_path / ".coverage"
+    command = [sys.executable, "-m", "coverage", "run", f"--data-file={data}", str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr
 
 
 # Each would build far more than the 100,000 cap in one library call (before: GBs).
