@@ -47,6 +47,8 @@ class FlowhookError(Exception):
 
 
 class InvalidInput(FlowhookError):
+    """Bad input from outside; ``field`` names the part at fault where there is one."""
+
     code = "invalid_request"
 
     def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
@@ -55,30 +57,46 @@ class InvalidInput(FlowhookError):
 
 
 class InvalidDefinition(InvalidInput):
+    """A flow definition that fails its JSON Schema or its semantic checks."""
+
     code = "invalid_definition"
 
 
 class Unauthenticated(FlowhookError):
+    """A missing, unknown or revoked API key (or signed-out session)."""
+
     code = "unauthenticated"
 
 
 class Forbidden(FlowhookError):
+    """The caller is known but may not do this (a settings-screen form posted without its
+    CSRF token)."""
+
     code = "forbidden"
 
 
 class NotFound(FlowhookError):
+    """Unknown, or not in the caller's workspace and mode: the two are never told apart."""
+
     code = "not_found"
 
 
 class Conflict(FlowhookError):
+    """The resource's state does not allow the request (a run already ended, a flow changed
+    meanwhile)."""
+
     code = "conflict"
 
 
 class IdempotencyConflict(Conflict):
+    """An ``Idempotency-Key`` used before with another request body."""
+
     code = "idempotency_conflict"
 
 
 class RateLimited(FlowhookError):
+    """Too many requests; ``retry_after`` says how many seconds to wait."""
+
     code = "rate_limited"
 
     def __init__(self, message: str, *, retry_after: float) -> None:
@@ -87,14 +105,20 @@ class RateLimited(FlowhookError):
 
 
 class PayloadTooLarge(FlowhookError):
+    """A request body over its limit."""
+
     code = "payload_too_large"
 
 
 class UnsupportedMediaType(FlowhookError):
+    """A body that is not JSON where JSON is required."""
+
     code = "unsupported_media_type"
 
 
 class StoreUnavailable(FlowhookError):
+    """The database cannot be reached or answered with an error; nothing was written."""
+
     code = "store_unavailable"
 
 

@@ -12,10 +12,13 @@ __all__ = ["FlowhookClientError", "APIError", "WaitTimeout", "SignatureError"]
 
 
 class FlowhookClientError(Exception):
-    pass
+    """Root of every error the SDK raises; catch it to handle them all."""
 
 
 class APIError(FlowhookClientError):
+    """The service answered with a non-2xx status: ``status`` is the HTTP status, ``code``
+    the error type of the body (``not_found``, ``invalid_request`` …), ``error`` its message."""
+
     def __init__(self, status: int, code: str, error: str) -> None:
         super().__init__(f"{status} {code}: {error}")
         self.status = status
@@ -24,6 +27,8 @@ class APIError(FlowhookClientError):
 
 
 class WaitTimeout(FlowhookClientError):
+    """``wait`` checked ``attempts`` times and the run was still ``last_status``."""
+
     def __init__(self, run_id: str, attempts: int, last_status: str) -> None:
         super().__init__(f"run {run_id} was still {last_status} after {attempts} checks")
         self.run_id = run_id
@@ -32,6 +37,9 @@ class WaitTimeout(FlowhookClientError):
 
 
 class SignatureError(FlowhookClientError):
+    """A webhook failed verification; ``reason`` says why (no signature header, a secret that
+    is not the whole ``whsec_…`` string, a signature that does not match the body)."""
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
