@@ -10,16 +10,13 @@ from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
+from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.store import flows as flows_store
 from flowhook.store.db import Database
 from flowhook.store.models import Flow
 
 __all__ = ["FlowService"]
-
-
-def _not_found(flow_id: str) -> NotFound:
-    return NotFound(f"no flow {flow_id!r} in this workspace and mode")
 
 
 class FlowService:
@@ -48,7 +45,7 @@ class FlowService:
         async with self._db.transaction() as conn:
             flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
             if flow is None:
-                raise _not_found(flow_id)
+                raise missing("flow", flow_id)
             updated = await flows_store.add_version(
                 conn, flow, name=definition["name"], definition=definition, now=self._clock.now()
             )
@@ -64,14 +61,14 @@ class FlowService:
         if flow is None:
             if version is not None:
                 raise NotFound(f"no version {version} of flow {flow_id!r}")
-            raise _not_found(flow_id)
+            raise missing("flow", flow_id)
         return flow
 
     async def versions(self, who: Principal, flow_id: str) -> list[dict[str, Any]]:
         async with self._db.read() as conn:
             flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
             if flow is None:
-                raise _not_found(flow_id)
+                raise missing("flow", flow_id)
             rows = await flows_store.list_versions(conn, flow)
         return [{"version": v, "created_at": at} for v, at in rows]
 
@@ -91,4 +88,4 @@ class FlowService:
                 conn, who.workspace_id, who.mode, flow_id, self._clock.now()
             )
         if not done:
-            raise _not_found(flow_id)
+            raise missing("flow", flow_id)

@@ -30,6 +30,7 @@ from flowhook.events import make_event
 from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
+from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
@@ -82,7 +83,7 @@ class HookService:
     ) -> Hook:  # fmt: skip
         async with self._db.read() as conn:
             if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
-                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+                raise missing("flow", flow_id)
         hook = Hook(
             new_secret_id("hk"), who.workspace_id, who.mode, flow_id, _check_verify(verify),
             dedup_header or None, rate_limit, self._clock.now(),
@@ -92,13 +93,10 @@ class HookService:
         return hook
 
     async def get(self, who: Principal, hook_id: str) -> Hook:
-        if not is_id(hook_id, "hk"):
-            raise NotFound(f"no hook {hook_id!r} in this workspace and mode")
-        async with self._db.read() as conn:
-            hook = await store.get_hook(conn, hook_id, who.workspace_id, who.mode)
-        if hook is None:
-            raise NotFound(f"no hook {hook_id!r} in this workspace and mode")
-        return hook
+        return await find(
+            self._db, "hook", "hk", hook_id,
+            lambda conn: store.get_hook(conn, hook_id, who.workspace_id, who.mode),
+        )  # fmt: skip
 
     async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Hook]:
         after = check_cursor(cursor, "hk")

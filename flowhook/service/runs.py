@@ -18,7 +18,6 @@ from flowhook.errors import (
     Conflict,
     IdempotencyConflict,
     InvalidInput,
-    NotFound,
     StoreUnavailable,
 )
 from flowhook.events import cancelled_event, run_duration_ms
@@ -26,6 +25,7 @@ from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
+from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, check_cursor
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
@@ -58,10 +58,6 @@ class Started:
 def _worth_retrying_alone(exc: BaseException) -> bool:
     """A failed batch is redone request by request, unless the store itself is down."""
     return isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
-
-
-def _run_not_found(run_id: str) -> NotFound:
-    return NotFound(f"no run {run_id!r} in this workspace and mode")
 
 
 def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
@@ -194,7 +190,7 @@ class RunService:
                 )
             flow = flows[flow_key]
             if flow is None:
-                results.append(NotFound(f"no flow {req.flow_id!r} in this workspace and mode"))
+                results.append(missing("flow", req.flow_id))
                 continue
             run = Run(
                 run_id=new_id("run"),
@@ -217,11 +213,11 @@ class RunService:
 
     async def get(self, who: Principal, run_id: str) -> Run:
         if not is_id(run_id, "run"):
-            raise _run_not_found(run_id)
+            raise missing("run", run_id)
         async with self._db.read() as conn:
             run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
         if run is None:
-            raise _run_not_found(run_id)
+            raise missing("run", run_id)
         return run
 
     async def wait_for(self, who: Principal, run_id: str, seconds: float) -> Run:
@@ -278,7 +274,7 @@ class RunService:
         """Cancel a run no worker holds at once; flag one a worker holds, which it then ends
         within a second (its step in flight is interrupted)."""
         if not is_id(run_id, "run"):
-            raise _run_not_found(run_id)
+            raise missing("run", run_id)
         now = self._clock.now()
         async with self._db.transaction() as conn:
             run = await self._unfinished(conn, who, run_id)
@@ -303,7 +299,7 @@ class RunService:
         """The run, which has not ended yet (else Conflict)."""
         run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
         if run is None:
-            raise _run_not_found(run_id)
+            raise missing("run", run_id)
         if run.status.terminal:
             raise Conflict(f"run {run_id!r} has already ended ({run.status})", code="run_finished")
         return run

@@ -18,10 +18,11 @@ import sqlalchemy.exc as sa_exc
 
 from flowhook.clock import Clock
 from flowhook.cron import check_cron, check_timezone, next_tick, shortest_gap
-from flowhook.errors import InvalidInput, NotFound
-from flowhook.ids import is_id, new_id
+from flowhook.errors import InvalidInput
+from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
+from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -73,7 +74,7 @@ class ScheduleService:
         now = self._clock.now()
         async with self._db.transaction() as conn:
             if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
-                raise NotFound(f"no flow {flow_id!r} in this workspace and mode")
+                raise missing("flow", flow_id)
             if await store.count_schedules(conn, who.workspace_id, who.mode) >= self._max:
                 raise InvalidInput(
                     f"this workspace has {self._max} schedules in {who.mode} mode, the most "
@@ -88,13 +89,10 @@ class ScheduleService:
         return schedule
 
     async def get(self, who: Principal, schedule_id: str) -> Schedule:
-        found = None
-        if is_id(schedule_id, "sch"):
-            async with self._db.read() as conn:
-                found = await store.get_schedule(conn, who.workspace_id, who.mode, schedule_id)
-        if found is None:
-            raise NotFound(f"no schedule {schedule_id!r} in this workspace and mode")
-        return found
+        return await find(
+            self._db, "schedule", "sch", schedule_id,
+            lambda conn: store.get_schedule(conn, who.workspace_id, who.mode, schedule_id),
+        )  # fmt: skip
 
     async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Schedule]:
         after = check_cursor(cursor, "sch")
@@ -127,7 +125,7 @@ class ScheduleService:
     async def delete(self, who: Principal, schedule_id: str) -> None:
         async with self._db.transaction() as conn:
             if not await store.delete_schedule(conn, who.workspace_id, who.mode, schedule_id):
-                raise NotFound(f"no schedule {schedule_id!r} in this workspace and mode")
+                raise missing("schedule", schedule_id)
 
     async def tick(self) -> int:
         """Start the runs of every due tick; how many were started by this call."""

@@ -6,13 +6,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from flowhook.clock import Clock
 from flowhook.config import Settings, parse_duration
-from flowhook.errors import InvalidInput, NotFound
+from flowhook.errors import InvalidInput
 from flowhook.events import EVENT_TYPES, TEST_EVENT, make_event
-from flowhook.ids import is_id, new_id
+from flowhook.ids import new_id
 from flowhook.service.auth import Principal
-from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.lookup import find, missing
+from flowhook.service.pagination import Page, check_cursor, page_of
 from flowhook.signing import new_secret
 from flowhook.store import events as events_store
 from flowhook.store import webhooks as store
@@ -101,12 +104,10 @@ class WebhookService:
         return endpoint
 
     async def get_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
-        if not is_id(endpoint_id, "ep"):
-            raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
-        async with self._db.read() as conn:
-            endpoint = await store.get_endpoint(conn, endpoint_id, who.workspace_id, who.mode)
-        if endpoint is None:
-            raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
+        endpoint = await find(
+            self._db, "endpoint", "ep", endpoint_id,
+            lambda conn: store.get_endpoint(conn, endpoint_id, who.workspace_id, who.mode),
+        )  # fmt: skip
         return self._current(endpoint)
 
     def _current(self, endpoint: Endpoint) -> Endpoint:
@@ -155,7 +156,7 @@ class WebhookService:
     async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
         async with self._db.transaction() as conn:
             if not await store.delete_endpoint(conn, who.workspace_id, who.mode, endpoint_id):
-                raise NotFound(f"no endpoint {endpoint_id!r} in this workspace and mode")
+                raise missing("endpoint", endpoint_id)
 
     async def rotate_secret(
         self, who: Principal, endpoint_id: str, grace_seconds: float | None = None
@@ -251,23 +252,19 @@ class WebhookService:
                 conn, who.workspace_id, who.mode, limit=limit + 1, after=after, status=wanted,
                 endpoint_id=endpoint_id or None, event_type=event or None, run_id=run_id or None,
             )  # fmt: skip
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].id if more else None)
+        return page_of(rows, limit, lambda row: row.id)
 
     async def get_delivery(self, who: Principal, delivery_id: str) -> tuple[Delivery, Event | None]:
-        if not is_id(delivery_id, "dlv"):
-            raise NotFound(f"no delivery {delivery_id!r} in this workspace and mode")
-        async with self._db.read() as conn:
+        """The delivery and its event, read in one snapshot."""
+
+        async def fetch(conn: AsyncConnection) -> tuple[Delivery, Event | None] | None:
             delivery = await store.get_delivery(conn, who.workspace_id, who.mode, delivery_id)
-            event = (
-                await events_store.get_event(conn, who.workspace_id, who.mode, delivery.event_id)
-                if delivery
-                else None
-            )
-        if delivery is None:
-            raise NotFound(f"no delivery {delivery_id!r} in this workspace and mode")
-        return delivery, event
+            if delivery is None:
+                return None
+            ws, mode = who.workspace_id, who.mode
+            return delivery, await events_store.get_event(conn, ws, mode, delivery.event_id)
+
+        return await find(self._db, "delivery", "dlv", delivery_id, fetch)
 
     async def replay(self, who: Principal, delivery_id: str) -> Delivery:
         """A new delivery of the same event bytes and event id to the same endpoint; the
@@ -345,15 +342,10 @@ class WebhookService:
                 conn, who.workspace_id, who.mode, limit=limit + 1, after=after,
                 event_type=event or None, run_id=run_id or None,
             )  # fmt: skip
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].id if more else None)
+        return page_of(rows, limit, lambda row: row.id)
 
     async def get_event(self, who: Principal, event_id: str) -> Event:
-        if not is_id(event_id, "evt"):
-            raise NotFound(f"no event {event_id!r} in this workspace and mode")
-        async with self._db.read() as conn:
-            event = await events_store.get_event(conn, who.workspace_id, who.mode, event_id)
-        if event is None:
-            raise NotFound(f"no event {event_id!r} in this workspace and mode")
-        return event
+        return await find(
+            self._db, "event", "evt", event_id,
+            lambda conn: events_store.get_event(conn, who.workspace_id, who.mode, event_id),
+        )  # fmt: skip
