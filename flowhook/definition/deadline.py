@@ -27,6 +27,9 @@ MAX_EVAL_SECONDS = 1.0
 """Longest one evaluation may run; past it the evaluation is stopped."""
 
 _REPEAT = 0.05
+_MAX_SHOTS = 20
+"""Times one evaluation's TooSlow is raised (every :data:`_REPEAT` s past its deadline) before
+the watchdog gives up on it: a deadline left behind can never keep firing at its thread."""
 T = TypeVar("T")
 
 
@@ -42,7 +45,8 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._deadlines: dict[int, float] = {}
         """Thread id -> when its evaluation must stop."""
-        self._fired: set[int] = set()
+        self._fired: dict[int, int] = {}
+        """Thread id -> how many times TooSlow was raised for its evaluation."""
         self._idle = True
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -50,7 +54,7 @@ class _Watchdog:
     def begin(self, tid: int) -> None:
         with self._lock:
             self._deadlines[tid] = time.monotonic() + MAX_EVAL_SECONDS
-            self._fired.discard(tid)
+            self._fired.pop(tid, None)
             idle, self._idle = self._idle, False
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -65,8 +69,7 @@ class _Watchdog:
         :class:`TooSlow` for it, and one raised but not delivered yet is taken here."""
         with self._lock:
             self._deadlines.pop(tid, None)
-            fired = tid in self._fired
-            self._fired.discard(tid)
+            fired = self._fired.pop(tid, 0) > 0
         if not fired:
             return
         # A TooSlow may still be pending for this thread. It is not withdrawn with
@@ -91,8 +94,11 @@ class _Watchdog:
                 for tid, deadline in list(self._deadlines.items()):
                     if deadline <= now:
                         _set_async_exc(ctypes.c_ulong(tid), ctypes.py_object(TooSlow))
-                        self._fired.add(tid)
-                        self._deadlines[tid] = now + _REPEAT
+                        shots = self._fired[tid] = self._fired.get(tid, 0) + 1
+                        if shots < _MAX_SHOTS:
+                            self._deadlines[tid] = now + _REPEAT
+                        else:
+                            del self._deadlines[tid]
                 due = min(self._deadlines.values(), default=None)
                 if due is None:
                     self._idle = True
@@ -113,16 +119,21 @@ def bounded(fn: Callable[..., T], *args: Any) -> T:
     if getattr(_nesting, "on", False):
         return fn(*args)
     tid = threading.get_ident()
-    _nesting.on = True
-    _watchdog.begin(tid)
     try:
+        _nesting.on = True
+        _watchdog.begin(tid)
         try:
             return fn(*args)
         finally:
-            _watchdog.end(tid)
-    except TooSlow:
-        _watchdog.end(tid)  # it may have come while ending: end for sure (idempotent)
-        raise
+            # Until one end() completes: the watchdog fires again every _REPEAT s until end()
+            # pops the deadline, so a TooSlow may arrive on the way in; it is dropped here (a
+            # result fn already returned stands) and end() runs again.
+            while True:
+                try:
+                    _watchdog.end(tid)
+                    break
+                except TooSlow:
+                    pass
     finally:
         _nesting.on = False
 

@@ -13,6 +13,11 @@ from flowhook.definition import ExpressionError, Renderer, compile_value, evalua
 from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded
 from flowhook.definition.sandbox import NotInline
 
+# The watchdog's TooSlow is raised asynchronously and may land inside coverage's tracer
+# callbacks, leaving their lock held for good: these tests run without coverage (the
+# no_tracer marker in pyproject.toml).
+pytestmark = pytest.mark.no_tracer
+
 CTX = {"payload": {"n": 3, "items": [1, 2], "name": "Ada", "keys": "k"}, "steps": {}}
 
 
@@ -97,6 +102,22 @@ def test_a_stopped_evaluation_leaves_no_exception_pending(tmp_path: Path) -> Non
     command = [sys.executable, "-m", "coverage", "run", f"--data-file={data}", str(script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr
+
+
+def test_a_deadline_left_behind_stops_firing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread that never calls end() (here: no such thread) is fired at _MAX_SHOTS times at
+    # most, then its deadline is dropped: it cannot keep raising TooSlow in later code.
+    from flowhook.definition import deadline
+
+    monkeypatch.setattr(deadline, "MAX_EVAL_SECONDS", 0.001)
+    monkeypatch.setattr(deadline, "_REPEAT", 0.001)
+    gone = 1  # no thread has this id: the exception it is sent reaches nobody
+    deadline._watchdog.begin(gone)
+    until = time.monotonic() + 5
+    while gone in deadline._watchdog._deadlines and time.monotonic() < until:
+        time.sleep(0.01)
+    assert gone not in deadline._watchdog._deadlines
+    assert deadline._watchdog._fired.pop(gone) == deadline._MAX_SHOTS
 
 
 # Each would build far more than the 100,000 cap in one library call (before: GBs).
