@@ -294,7 +294,7 @@ class Executor:
         back is deferred a moment."""
         now = self._clock.now()
         async with self._db.transaction() as conn:
-            if await runs_store.count_in_flight_ahead(conn, run, now) >= cap:
+            if await runs_store.count_in_flight_ahead(conn, run) >= cap:
                 await runs_store.defer(
                     conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
                 )

@@ -403,7 +403,7 @@ async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) 
     return list((await conn.execute(q)).scalars())
 
 
-async def count_in_flight_ahead(conn: AsyncConnection, run: Run, now: datetime) -> int:
+async def count_in_flight_ahead(conn: AsyncConnection, run: Run) -> int:
     """Runs of ``run``'s flow that a worker holds now and that go before it, for the flow's
     ``concurrency`` cap: the older ones (the oldest runs go first, so the cap never starves
     them all) and the younger ones already running. A younger run can be running when it was
@@ -415,7 +415,9 @@ async def count_in_flight_ahead(conn: AsyncConnection, run: Run, now: datetime) 
     taken before any row lock, so it joins no lock cycle), so two workers never both admit on
     the same count; on SQLite the write transaction is already the only one. Every run that
     executes was admitted this way and is ``running`` and leased while it does, so the count
-    includes all of them."""
+    includes all of them. A lease that ran out still counts until another worker takes the run
+    (which it does as soon as it is due): its worker may still be executing it, having failed
+    to renew the lease but not yet noticed."""
     if conn.dialect.name == "postgresql":
         key = func.hashtextextended(f"flowhook.concurrency:{run.flow_id}", 0)
         await conn.execute(select(func.pg_advisory_xact_lock(key)))
@@ -428,7 +430,6 @@ async def count_in_flight_ahead(conn: AsyncConnection, run: Run, now: datetime) 
             or_(runs.c.run_id < run.run_id, runs.c.status == str(RunStatus.RUNNING)),
             _CLAIMABLE,
             runs.c.lease_owner.is_not(None),
-            runs.c.lease_expires_at > now,
         )
     )
     return int((await conn.execute(q)).scalar_one())

@@ -294,7 +294,8 @@ async def test_a_flow_s_cap_counts_older_runs_held_and_younger_ones_running(
     db: Database,
 ) -> None:
     """A younger run claimed while an older one sat deferred is running when the older one is
-    claimed again: it counts against the cap, so the older one does not go on top of it."""
+    claimed again: it counts against the cap, so the older one does not go on top of it; so
+    does a running one whose lease ran out."""
     clock = FakeClock()
     now = clock.now()
     older, younger, idle = (new_id("run") for _ in range(3))
@@ -315,8 +316,8 @@ async def test_a_flow_s_cap_counts_older_runs_held_and_younger_ones_running(
             update(runs).where(runs.c.run_id == younger).values(status=str(RunStatus.RUNNING))
         )
     async with db.read() as conn:
-        ahead_of_older = await runs_store.count_in_flight_ahead(conn, run(older), now)
-        ahead_of_idle = await runs_store.count_in_flight_ahead(conn, run(idle), now)
+        ahead_of_older = await runs_store.count_in_flight_ahead(conn, run(older))
+        ahead_of_idle = await runs_store.count_in_flight_ahead(conn, run(idle))
     assert ahead_of_older == 1  # the younger one, running
     assert ahead_of_idle == 2  # both, held
     async with db.transaction() as conn:  # a younger run merely claimed does not count
@@ -324,4 +325,12 @@ async def test_a_flow_s_cap_counts_older_runs_held_and_younger_ones_running(
             update(runs).where(runs.c.run_id == younger).values(status=str(RunStatus.QUEUED))
         )
     async with db.read() as conn:
-        assert await runs_store.count_in_flight_ahead(conn, run(older), now) == 0
+        assert await runs_store.count_in_flight_ahead(conn, run(older)) == 0
+    async with db.transaction() as conn:  # running on a lease that ran out: its worker may
+        await conn.execute(  # still be at it, so it counts until another worker takes it
+            update(runs)
+            .where(runs.c.run_id == younger)
+            .values(status=str(RunStatus.RUNNING), lease_expires_at=now - timedelta(seconds=1))
+        )
+    async with db.read() as conn:
+        assert await runs_store.count_in_flight_ahead(conn, run(older)) == 1
