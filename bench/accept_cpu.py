@@ -35,8 +35,9 @@ from harness import FLOW, fresh_database, secret_key_for
 BURST = 64
 
 
-async def one_round(database_url: str, accepts: int) -> float:
-    """Microseconds of CPU per accepted run over ``accepts`` runs (after a warm-up)."""
+async def one_round(database_url: str, accepts: int) -> tuple[float, float]:
+    """Microseconds of CPU per accepted run over ``accepts`` runs (after a warm-up), and
+    the accepted runs per wall-clock second meanwhile."""
     settings = Settings(
         database_url=database_url, rate_limit=0, secret_key=secret_key_for(database_url)
     )
@@ -63,10 +64,11 @@ async def one_round(database_url: str, accepts: int) -> float:
             for _ in range(4):  # warm-up: caches, prepared statements, pools
                 await burst()
             bursts = max(1, accepts // BURST)
-            started = time.process_time()
+            started, wall = time.process_time(), time.perf_counter()
             for _ in range(bursts):
                 await burst()
-            return (time.process_time() - started) / (bursts * BURST) * 1e6
+            cpu, wall = time.process_time() - started, time.perf_counter() - wall
+            return cpu / (bursts * BURST) * 1e6, bursts * BURST / wall
 
 
 def main() -> None:
@@ -77,16 +79,23 @@ def main() -> None:
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     for backend in args.backends.split(","):
-        figures = []
+        figures, rates = [], []
         for _ in range(args.rounds):
             with (
                 tempfile.TemporaryDirectory() as workdir,
                 fresh_database(backend, Path(workdir), args.postgres_url) as url,
             ):
-                figures.append(asyncio.run(one_round(url, args.accepts)))
-            print(f"{backend}: {figures[-1]:.0f} µs CPU per accept", flush=True)
+                cpu, rate = asyncio.run(one_round(url, args.accepts))
+            figures.append(cpu)
+            rates.append(rate)
+            print(f"{backend}: {cpu:.0f} µs CPU per accept, {rate:,.0f} accepts/s", flush=True)
         rounds = ", ".join(f"{f:.0f}" for f in figures)
-        print(f"{backend}: median {statistics.median(figures):.0f} µs [{rounds}]", flush=True)
+        per_s = ", ".join(f"{r:,.0f}" for r in rates)
+        print(
+            f"{backend}: median {statistics.median(figures):.0f} µs [{rounds}], "
+            f"{statistics.median(rates):,.0f} accepts/s [{per_s}]",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
