@@ -27,7 +27,7 @@ MAX_EVAL_SECONDS = 1.0
 """Longest one evaluation may run; past it the evaluation is stopped."""
 
 _REPEAT = 0.05
-_MAX_SHOTS = 20
+_MAX_SHOTS = 100
 """Times one evaluation's TooSlow is raised (every :data:`_REPEAT` s past its deadline) before
 the watchdog gives up on it: a deadline left behind can never keep firing at its thread."""
 T = TypeVar("T")
