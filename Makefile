@@ -27,7 +27,8 @@ test: install
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-wrk
-	$(BIN)/pytest
+	$(BIN)/pytest --cov -m "not no_tracer"
+	$(BIN)/pytest -m no_tracer
 
 lint: install
 	$(BIN)/ruff check .

@@ -15,7 +15,8 @@ import pytest
 
 from tests.support import FLOWHOOK, secret_key_env, serve
 
-pytestmark = pytest.mark.e2e
+# Runs without coverage (see the no_tracer marker in pyproject.toml).
+pytestmark = [pytest.mark.e2e, pytest.mark.no_tracer]
 
 SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 """Runs far past the 1 s bound."""
