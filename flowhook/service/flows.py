@@ -6,12 +6,12 @@ from typing import Any
 
 from flowhook.clock import Clock
 from flowhook.definition import validate_definition
-from flowhook.errors import Conflict, InvalidInput, NotFound
+from flowhook.errors import Conflict, NotFound
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
 from flowhook.service.lookup import missing
-from flowhook.service.pagination import Page, check_cursor, page_of
+from flowhook.service.pagination import Page, listed
 from flowhook.store import flows as flows_store
 from flowhook.store.db import Database
 from flowhook.store.models import Flow
@@ -73,14 +73,12 @@ class FlowService:
         return [{"version": v, "created_at": at} for v, at in rows]
 
     async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Flow]:
-        after = check_cursor(cursor, "wf")
-        if not 1 <= limit <= 100:
-            raise InvalidInput("limit must be between 1 and 100", field="limit")
-        async with self._db.read() as conn:
-            rows = await flows_store.list_flows(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
-            )
-        return page_of(rows, limit, lambda row: row.flow_id)
+        return await listed(
+            self._db, "wf", limit=limit, cursor=cursor, cursor_of=lambda row: row.flow_id,
+            fetch=lambda conn, after, n: flows_store.list_flows(
+                conn, who.workspace_id, who.mode, limit=n, after=after
+            ),
+        )  # fmt: skip
 
     async def archive(self, who: Principal, flow_id: str) -> None:
         async with self._db.transaction() as conn:

@@ -31,7 +31,7 @@ from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import find, missing
-from flowhook.service.pagination import Page, check_cursor, page_of
+from flowhook.service.pagination import Page, listed
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
 from flowhook.store import events as events_store
@@ -99,12 +99,12 @@ class HookService:
         )  # fmt: skip
 
     async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Hook]:
-        after = check_cursor(cursor, "hk")
-        async with self._db.read() as conn:
-            rows = await store.list_hooks(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
-            )
-        return page_of(rows, limit, lambda row: row.id)
+        return await listed(
+            self._db, "hk", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
+            fetch=lambda conn, after, n: store.list_hooks(
+                conn, who.workspace_id, who.mode, limit=n, after=after
+            ),
+        )  # fmt: skip
 
     async def delete(self, who: Principal, hook_id: str) -> None:
         hook = await self.get(who, hook_id)

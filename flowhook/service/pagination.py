@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from flowhook.errors import InvalidInput
 from flowhook.ids import is_id
+from flowhook.store.db import Database
 
-__all__ = ["Page", "check_cursor", "page_of", "MAX_LIMIT"]
+__all__ = ["Page", "check_cursor", "listed", "page_of", "MAX_LIMIT"]
 
 T = TypeVar("T")
 MAX_LIMIT = 100
@@ -35,3 +38,23 @@ def check_cursor(cursor: str | None, prefix: str) -> str | None:
     if not is_id(cursor, prefix):
         raise InvalidInput("cursor is not one this list gave out", field="cursor")
     return cursor
+
+
+async def listed(
+    db: Database,
+    prefix: str,
+    *,
+    limit: int,
+    cursor: str | None,
+    fetch: Callable[[AsyncConnection, str | None, int], Awaitable[list[T]]],
+    cursor_of: Callable[[T], str],
+) -> Page[T]:
+    """One page of a list, newest first: ``limit`` checked (1 to :data:`MAX_LIMIT`),
+    ``cursor`` checked to be an id of the list (``prefix``), then ``fetch(conn, after,
+    limit + 1)`` read in one snapshot and cut by :func:`page_of`."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be between 1 and {MAX_LIMIT}", field="limit")
+    after = check_cursor(cursor, prefix)
+    async with db.read() as conn:
+        rows = await fetch(conn, after, limit + 1)
+    return page_of(rows, limit, cursor_of)

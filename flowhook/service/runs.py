@@ -26,7 +26,7 @@ from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
-from flowhook.service.pagination import Page, check_cursor
+from flowhook.service.pagination import Page, listed
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -246,9 +246,6 @@ class RunService:
         flow_id: str | None = None,
         status: str | None = None,
     ) -> Page[Run]:
-        after = check_cursor(cursor, "run")
-        if not 1 <= limit <= 100:
-            raise InvalidInput("limit must be between 1 and 100", field="limit")
         wanted: RunStatus | None = None
         if status:
             try:
@@ -256,19 +253,13 @@ class RunService:
             except ValueError:
                 allowed = ", ".join(s.value for s in RunStatus)
                 raise InvalidInput(f"status must be one of {allowed}", field="status") from None
-        async with self._db.read() as conn:
-            rows = await runs_store.list_runs(
-                conn,
-                who.workspace_id,
-                who.mode,
-                limit=limit + 1,
-                after=after,
-                flow_id=flow_id or None,
-                status=wanted,
-            )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(rows, rows[-1].run_id if more else None)
+        return await listed(
+            self._db, "run", limit=limit, cursor=cursor, cursor_of=lambda row: row.run_id,
+            fetch=lambda conn, after, n: runs_store.list_runs(
+                conn, who.workspace_id, who.mode, limit=n, after=after,
+                flow_id=flow_id or None, status=wanted,
+            ),
+        )  # fmt: skip
 
     async def cancel(self, who: Principal, run_id: str) -> Run:
         """Cancel a run no worker holds at once; flag one a worker holds, which it then ends

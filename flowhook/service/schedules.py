@@ -23,7 +23,7 @@ from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
 from flowhook.service.lookup import find, missing
-from flowhook.service.pagination import Page, check_cursor, page_of
+from flowhook.service.pagination import Page, listed
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import schedules as store
@@ -95,12 +95,12 @@ class ScheduleService:
         )  # fmt: skip
 
     async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Schedule]:
-        after = check_cursor(cursor, "sch")
-        async with self._db.read() as conn:
-            rows = await store.list_schedules(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
-            )
-        return page_of(rows, limit, lambda row: row.id)
+        return await listed(
+            self._db, "sch", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
+            fetch=lambda conn, after, n: store.list_schedules(
+                conn, who.workspace_id, who.mode, limit=n, after=after
+            ),
+        )  # fmt: skip
 
     async def update(self, who: Principal, schedule_id: str, changes: dict[str, Any]) -> Schedule:
         s = await self.get(who, schedule_id)

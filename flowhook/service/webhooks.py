@@ -15,7 +15,7 @@ from flowhook.events import EVENT_TYPES, TEST_EVENT, make_event
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.lookup import find, missing
-from flowhook.service.pagination import Page, check_cursor, page_of
+from flowhook.service.pagination import Page, check_cursor, listed
 from flowhook.signing import new_secret
 from flowhook.store import events as events_store
 from flowhook.store import webhooks as store
@@ -38,11 +38,6 @@ class Recovery:
     replayed: list[Delivery]
     skipped: int
     next_cursor: str | None = None
-
-
-def _limit(limit: int) -> None:
-    if not 1 <= limit <= 100:
-        raise InvalidInput("limit must be between 1 and 100", field="limit")
 
 
 class WebhookService:
@@ -121,15 +116,13 @@ class WebhookService:
     async def list_endpoints(
         self, who: Principal, *, limit: int, cursor: str | None
     ) -> Page[Endpoint]:
-        _limit(limit)
-        after = check_cursor(cursor, "ep")
-        async with self._db.read() as conn:
-            rows = await store.list_endpoints(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after
-            )
-        more = len(rows) > limit
-        rows = [self._current(r) for r in rows[:limit]]
-        return Page(rows, rows[-1].id if more else None)
+        found = await listed(
+            self._db, "ep", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
+            fetch=lambda conn, after, n: store.list_endpoints(
+                conn, who.workspace_id, who.mode, limit=n, after=after
+            ),
+        )  # fmt: skip
+        return Page([self._current(r) for r in found.data], found.next_cursor)
 
     async def update_endpoint(
         self, who: Principal, endpoint_id: str, changes: dict[str, Any]
@@ -237,8 +230,6 @@ class WebhookService:
         event: str | None = None,
         run_id: str | None = None,
     ) -> Page[Delivery]:
-        _limit(limit)
-        after = check_cursor(cursor, "dlv")
         wanted: DeliveryStatus | None = None
         if status:
             try:
@@ -247,12 +238,13 @@ class WebhookService:
                 raise InvalidInput(
                     "status must be one of pending, succeeded, failed", field="status"
                 ) from None
-        async with self._db.read() as conn:
-            rows = await store.list_deliveries(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after, status=wanted,
+        return await listed(
+            self._db, "dlv", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
+            fetch=lambda conn, after, n: store.list_deliveries(
+                conn, who.workspace_id, who.mode, limit=n, after=after, status=wanted,
                 endpoint_id=endpoint_id or None, event_type=event or None, run_id=run_id or None,
-            )  # fmt: skip
-        return page_of(rows, limit, lambda row: row.id)
+            ),
+        )  # fmt: skip
 
     async def get_delivery(self, who: Principal, delivery_id: str) -> tuple[Delivery, Event | None]:
         """The delivery and its event, read in one snapshot."""
@@ -335,14 +327,13 @@ class WebhookService:
         event: str | None = None,
         run_id: str | None = None,
     ) -> Page[Event]:
-        _limit(limit)
-        after = check_cursor(cursor, "evt")
-        async with self._db.read() as conn:
-            rows = await events_store.list_events(
-                conn, who.workspace_id, who.mode, limit=limit + 1, after=after,
+        return await listed(
+            self._db, "evt", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
+            fetch=lambda conn, after, n: events_store.list_events(
+                conn, who.workspace_id, who.mode, limit=n, after=after,
                 event_type=event or None, run_id=run_id or None,
-            )  # fmt: skip
-        return page_of(rows, limit, lambda row: row.id)
+            ),
+        )  # fmt: skip
 
     async def get_event(self, who: Principal, event_id: str) -> Event:
         return await find(
