@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from flowhook.client import APIError, Client, FlowhookClientError, Run
+from flowhook.client import APIError, Client, FlowhookClientError, Run, RunAccepted
 
 __all__ = ["register"]
 
@@ -157,7 +157,10 @@ def _print_step(step: dict[str, Any]) -> None:
         "skipped": "[dim]-[/dim]",
     }.get(step["status"], "[yellow]…[/yellow]")
     took = f"{step['duration_ms']} ms" if step.get("duration_ms") is not None else ""
-    console.print(f"  {mark} {step['id']} [dim]{step['type']} {step['status']} {took}[/dim]")
+    reused = " (reused)" if step.get("reused") else ""
+    console.print(
+        f"  {mark} {step['id']} [dim]{step['type']} {step['status']}{reused} {took}[/dim]"
+    )
 
 
 def follow(c: Client, run_id: str, timeout: float) -> Run:
@@ -194,26 +197,24 @@ def runs_start(
         raise typer.Exit(2)
     with client() as c:
         accepted = c.execute(flow_id, body, idempotency_key=idempotency_key)
-        if not wait:
-            if as_json:
-                out_json(
-                    accepted.__dict__
-                    if hasattr(accepted, "__dict__")
-                    else {
-                        k: getattr(accepted, k)
-                        for k in ("run_id", "flow_id", "status", "queued_at")
-                    }
-                )
-            else:
-                console.print(f"{accepted.run_id} queued")
-            return
-        if not as_json:
-            console.print(f"{accepted.run_id} [dim]queued, following…[/dim]")
-        run = (
-            follow(c, accepted.run_id, timeout)
-            if not as_json
-            else c.wait(accepted.run_id, interval=0.5, max_attempts=int(timeout / 0.5) + 1)
-        )
+        _answer(c, accepted, wait=wait, timeout=timeout, as_json=as_json)
+
+
+def _answer(c: Client, accepted: RunAccepted, *, wait: bool, timeout: float, as_json: bool) -> None:
+    """Print a started run; with ``wait``, follow it and exit 0 only if it completes."""
+    if not wait:
+        if as_json:
+            out_json(_fields(accepted))
+        else:
+            console.print(f"{accepted.run_id} queued")
+        return
+    if not as_json:
+        console.print(f"{accepted.run_id} [dim]queued, following…[/dim]")
+    run = (
+        follow(c, accepted.run_id, timeout)
+        if not as_json
+        else c.wait(accepted.run_id, interval=0.5, max_attempts=int(timeout / 0.5) + 1)
+    )
     if as_json:
         out_json(run.raw)
     else:
@@ -223,6 +224,65 @@ def runs_start(
             + (f": {run.error['message']}" if run.error else "")
         )
     raise typer.Exit(0 if run.status == "completed" else 1)
+
+
+def _fields(accepted: RunAccepted) -> dict[str, Any]:
+    names = ("run_id", "flow_id", "status", "queued_at", "rerun_of")
+    values = {k: getattr(accepted, k) for k in names}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@runs.command("rerun")
+def runs_rerun(
+    run_id: Annotated[str, typer.Argument(help="The finished run to rerun (run_…).")],
+    from_step: Annotated[
+        str | None,
+        typer.Option(
+            "--from-step",
+            help="The step to run first; the steps before it are reused. "
+            "Default: the first step with no result.",
+        ),
+    ] = None,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version", help="The flow version to run: N or latest (default: the run's)."
+        ),
+    ] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option("--payload", help="A new JSON object payload (default: the run's)."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the new run and exit 0 only if it completes.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="How long --wait follows, seconds.")] = 600,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rerun a finished run from a step: the steps before it are not run again."""
+    flow_version: int | str | None = version
+    if version is not None and version != "latest":
+        if not (version.isascii() and version.isdigit()) or int(version) < 1:
+            err.print(f"[red]error:[/red] --version must be a number or latest, not {version!r}")
+            raise typer.Exit(2)
+        flow_version = int(version)
+    body = None if payload is None else parse_json(payload, "--payload")
+    if body is not None and not isinstance(body, dict):
+        err.print("[red]error:[/red] --payload must be a JSON object")
+        raise typer.Exit(2)
+    with client() as c:
+        accepted = c.rerun(
+            run_id,
+            from_step=from_step,
+            flow_version=flow_version,
+            payload=body,
+            idempotency_key=idempotency_key,
+        )
+        if not as_json and not wait:
+            console.print(f"{accepted.run_id} queued (rerun of {run_id})")
+            return
+        _answer(c, accepted, wait=wait, timeout=timeout, as_json=as_json)
 
 
 def _run_row(r: Run) -> list[Any]:

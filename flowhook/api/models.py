@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, TypedDict, TypeVar
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 from fastapi import Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +18,8 @@ from flowhook.store.models import Flow, Run, RunStep
 __all__ = [
     "ExecuteRequest",
     "RunAccepted",
+    "RerunAccepted",
+    "RerunRequest",
     "RunRecord",
     "RunList",
     "FlowRecord",
@@ -93,6 +95,27 @@ class RunAccepted(BaseModel):
     queued_at: str = Field(description="ISO 8601 UTC timestamp.")
 
 
+class RerunAccepted(RunAccepted):
+    rerun_of: str = Field(description="The run this one reruns.")
+
+
+class RerunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: str | None = Field(
+        default=None,
+        description="The top-level step to run first; the steps before it are reused. Default: "
+        "the first step with no result in the run (the first step when it completed).",
+    )
+    flow_version: Annotated[int, Field(strict=True, ge=1)] | Literal["latest"] | None = Field(
+        default=None,
+        description='The flow version to run: a number or "latest". Default: the run\'s own.',
+    )
+    payload: dict[str, Any] | None = Field(
+        default=None, description="The new run's payload. Default: the run's own."
+    )
+
+
 class StepRecord(BaseModel):
     id: str
     type: str
@@ -112,6 +135,11 @@ class StepRecord(BaseModel):
     duration_ms: int | None
     output: Any = None
     error: dict[str, Any] | None = None
+    reused: bool = Field(
+        default=False,
+        description="A rerun's step copied from the run it reruns (with that run's status and "
+        "output): it did not run again and raised no events.",
+    )
 
 
 class RunRecord(BaseModel):
@@ -130,6 +158,9 @@ class RunRecord(BaseModel):
     finished_at: str | None
     duration_ms: int | None
     cancel_requested_at: str | None = None
+    rerun_of: str | None = Field(
+        default=None, description="The run this one reruns, when it is a rerun."
+    )
 
 
 class RunList(BaseModel):
@@ -152,12 +183,15 @@ class FlowList(BaseModel):
 
 
 def run_accepted(run: Run) -> dict[str, Any]:
-    return {
+    body = {
         "run_id": run.run_id,
         "flow_id": run.flow_id,
         "status": "queued",
         "queued_at": isoformat(run.queued_at),
     }
+    if run.rerun_of is not None:
+        body["rerun_of"] = run.rerun_of
+    return body
 
 
 def _step(step: RunStep) -> dict[str, Any]:
@@ -172,6 +206,7 @@ def _step(step: RunStep) -> dict[str, Any]:
         "duration_ms": step.duration_ms,
         "output": step.output,
         "error": step.error,
+        "reused": step.reused,
     }
 
 
@@ -191,6 +226,7 @@ def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
         "finished_at": ts(run.finished_at),
         "duration_ms": run.duration_ms,
         "cancel_requested_at": ts(run.cancel_requested_at),
+        "rerun_of": run.rerun_of,
     }
     if with_steps:
         body["steps"] = [_step(s) for s in run.steps]

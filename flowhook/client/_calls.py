@@ -7,7 +7,7 @@ from typing import Any
 from flowhook.client._core import Call
 
 __all__ = [
-    "execute", "get_run", "list_runs", "cancel", "create_flow", "update_flow", "get_flow",
+    "execute", "get_run", "list_runs", "cancel", "rerun", "create_flow", "update_flow", "get_flow",
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
     "create_hook", "create_schedule", "list_schedules",
 ]  # fmt: skip
@@ -33,6 +33,19 @@ def list_runs(flow_id: str | None, status: str | None, limit: int, cursor: str |
 
 def cancel(run_id: str) -> Call:
     return Call("POST", f"/flows/runs/{run_id}/cancel")
+
+
+def rerun(
+    run_id: str,
+    from_step: str | None,
+    flow_version: int | str | None,
+    payload: dict[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call:
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    body = {"from_step": from_step, "flow_version": flow_version, "payload": payload}
+    body = {k: v for k, v in body.items() if v is not None}
+    return Call("POST", f"/flows/runs/{run_id}/rerun", json=body, headers=headers)
 
 
 def create_flow(definition: dict[str, Any]) -> Call:

@@ -93,6 +93,21 @@ class Client:
     def cancel(self, run_id: str) -> Run:
         return Run.from_json(self._send(calls.cancel(run_id)))
 
+    def rerun(
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        flow_version: int | str | None = None,
+        payload: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunAccepted:
+        """Rerun a finished run: a new run whose steps before ``from_step`` (default: the
+        first with no result) are reused, not run again; ``flow_version`` a number or
+        ``"latest"`` (default: the run's own), ``payload`` the new payload (default: its own)."""
+        call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
+        return RunAccepted(**self._send(call))
+
     def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
         return dict(self._send(calls.create_flow(definition)))
 
@@ -198,6 +213,18 @@ class AsyncClient:
 
     async def cancel(self, run_id: str) -> Run:
         return Run.from_json(await self._send(calls.cancel(run_id)))
+
+    async def rerun(
+        self,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        flow_version: int | str | None = None,
+        payload: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunAccepted:
+        call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
+        return RunAccepted(**await self._send(call))
 
     async def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
         return dict(await self._send(calls.create_flow(definition)))

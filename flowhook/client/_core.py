@@ -26,6 +26,8 @@ class RunAccepted:
     flow_id: str
     status: str
     queued_at: str
+    rerun_of: str | None = None
+    """The run this one reruns (an answer to ``rerun``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class Run:
     started_at: str | None = None
     finished_at: str | None = None
     duration_ms: int | None = None
+    rerun_of: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -61,6 +64,7 @@ class Run:
             started_at=body.get("started_at"),
             finished_at=body.get("finished_at"),
             duration_ms=body.get("duration_ms"),
+            rerun_of=body.get("rerun_of"),
             raw=body,
         )
 

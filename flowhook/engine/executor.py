@@ -265,7 +265,8 @@ class Executor:
                 return run.status
         elif not resumed:
             self._start(run, pending)
-        earlier = await self._load_earlier(run) if resumed else {}
+        # a resumed run, or a rerun that starts after the steps it reuses
+        earlier = await self._load_earlier(run) if resumed or run.next_step else {}
         if run.claims > self._max_claims:
             lost = {
                 "type": "worker_lost",

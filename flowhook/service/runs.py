@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -27,6 +27,7 @@ from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
+from flowhook.service.rerun import parse_version, plan_rerun
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -62,7 +63,40 @@ def _worth_retrying_alone(exc: BaseException) -> bool:
 
 def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
     body = {"flow_id": flow_id, "trigger": trigger, "payload": payload}
+    return _digest(body)
+
+
+def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _check_key(key: str | None) -> None:
+    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise InvalidInput(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
+            field="Idempotency-Key",
+        )
+
+
+async def _keyed_earlier(
+    conn: AsyncConnection, who: Principal, key: str, now: datetime
+) -> tuple[Run, str | None] | None:
+    """The run an Idempotency-Key started within its window, with its request's hash; a key
+    older than the window is forgotten here."""
+    found = await runs_store.find_by_idempotency_key(conn, who.workspace_id, who.mode, key)
+    if found is not None and found[0].queued_at <= now - IDEMPOTENCY_WINDOW:
+        await runs_store.release_idempotency_key(conn, found[0].run_id)
+        return None
+    return found
+
+
+def _replayed(seen: tuple[Run, str | None], digest: str | None) -> Started | IdempotencyConflict:
+    """The answer to a request whose key started ``seen``: that run again when the request is
+    the same, else a conflict."""
+    earlier, earlier_hash = seen
+    if earlier_hash != digest:
+        return IdempotencyConflict("this Idempotency-Key was used with a different request body")
+    return Started(earlier, replayed=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +142,7 @@ class RunService:
             )
         if not flow_id.startswith("wf_") or len(flow_id) > 40 or not flow_id.isprintable():
             raise InvalidInput(f"flow_id must look like wf_…, not {flow_id!r}", field="flow_id")
-        if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-            raise InvalidInput(
-                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-                field="Idempotency-Key",
-            )
+        _check_key(idempotency_key)
         encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         started = await self._group.submit(
@@ -165,23 +195,9 @@ class RunService:
             if req.key is not None:
                 seen = keyed.get((who.workspace_id, who.mode, req.key))
                 if seen is None:
-                    found = await runs_store.find_by_idempotency_key(
-                        conn, who.workspace_id, who.mode, req.key
-                    )
-                    if found is not None and found[0].queued_at <= now - IDEMPOTENCY_WINDOW:
-                        await runs_store.release_idempotency_key(conn, found[0].run_id)
-                        found = None
-                    seen = found
+                    seen = await _keyed_earlier(conn, who, req.key, now)
                 if seen is not None:
-                    earlier, earlier_hash = seen
-                    if earlier_hash != req.digest:
-                        results.append(
-                            IdempotencyConflict(
-                                "this Idempotency-Key was used with a different request body"
-                            )
-                        )
-                    else:
-                        results.append(Started(earlier, replayed=True))
+                    results.append(_replayed(seen, req.digest))
                     continue
             flow_key = (who.workspace_id, str(who.mode), req.flow_id)
             if flow_key not in flows:
@@ -210,6 +226,91 @@ class RunService:
             results.append(Started(run, replayed=False))
         await runs_store.insert_runs(conn, rows, payloads=encoded)
         return results
+
+    async def rerun(
+        self,
+        who: Principal,
+        run_id: str,
+        *,
+        from_step: str | None = None,
+        flow_version: int | str | None = None,
+        payload: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Started:
+        """Queue a rerun of a finished run (DESIGN.md, "Rerun from a step"): a new run of its
+        flow, at ``flow_version`` (its own by default, or ``"latest"``) with ``payload`` (its
+        own by default), whose steps before ``from_step`` are copied from it, not run again.
+        The new run and its reused steps are one commit."""
+        if not is_id(run_id, "run"):
+            raise missing("run", run_id)
+        version = parse_version(flow_version)
+        _check_key(idempotency_key)
+        encoded = None if payload is None else encode_json(payload, "payload")
+        request = {"rerun_of": run_id, "from_step": from_step, "flow_version": version}
+        digest = _digest({**request, "payload": payload}) if idempotency_key else None
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if idempotency_key is not None:
+                seen = await _keyed_earlier(conn, who, idempotency_key, now)
+                if seen is not None:
+                    answer = _replayed(seen, digest)
+                    if isinstance(answer, IdempotencyConflict):
+                        raise answer
+                    return answer
+            original = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+            if original is None:
+                raise missing("run", run_id)
+            if not original.status.terminal:
+                raise Conflict(
+                    f"run {run_id!r} is {original.status}: only a completed, failed or "
+                    "cancelled run can be rerun (cancel it first)",
+                    code="run_not_finished",
+                )
+            flow = await self._rerun_version(conn, who, original, version)
+            plan = plan_rerun(original, flow.definition["steps"], flow.version, from_step)
+            run = Run(
+                run_id=new_id("run"),
+                workspace_id=who.workspace_id,
+                mode=who.mode,
+                flow_id=original.flow_id,
+                flow_version=flow.version,
+                trigger="rerun",
+                status=RunStatus.QUEUED,
+                payload=original.payload if payload is None else payload,
+                queued_at=now,
+                next_step=plan.start,
+                rerun_of=original.run_id,
+                steps=plan.reused,
+            )
+            await runs_store.insert_runs(
+                conn,
+                [(run, idempotency_key, digest)],
+                payloads=None if encoded is None else [encoded],
+            )
+            await runs_store.insert_steps(conn, run.run_id, plan.reused)
+        return Started(run, replayed=False)
+
+    async def _rerun_version(
+        self, conn: AsyncConnection, who: Principal, original: Run, version: int | str | None
+    ) -> Flow:
+        """The flow at the version a rerun of ``original`` runs (its current definition when
+        ``"latest"``); 404 when the flow is gone, 400 when the version does not exist."""
+        flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, original.flow_id)
+        if flow is None:
+            raise missing("flow", original.flow_id)
+        wanted = original.flow_version if version is None else version
+        if wanted == "latest" or wanted == flow.version:
+            return flow
+        assert isinstance(wanted, int)
+        found = await flows_store.get_flow(
+            conn, who.workspace_id, who.mode, original.flow_id, version=wanted
+        )
+        if found is None:
+            raise InvalidInput(
+                f"flow {original.flow_id} has no version {wanted} (its latest is {flow.version})",
+                field="flow_version",
+            )
+        return found
 
     async def get(self, who: Principal, run_id: str) -> Run:
         if not is_id(run_id, "run"):

@@ -28,7 +28,16 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Table, and_, any_, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import JSON, BigInteger, Integer, LargeBinary, String, Text, TypeEngine
+from sqlalchemy.types import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeEngine,
+)
 
 from flowhook.store.sqlite_inline import InlineConnection
 from flowhook.store.types import UTCDateTime
@@ -64,6 +73,10 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _sqlite_bool(value: Any) -> Any:
+    return None if value is None else int(bool(value))  # SQLAlchemy's SQLite Boolean: 1 or 0
+
+
 _STORED_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = frozenset(
     {String, Text, Integer, BigInteger, LargeBinary}
 )
@@ -82,6 +95,8 @@ def _converter(column: Column[Any]) -> Convert:
         return _sqlite_json
     if type(type_) in _STORED_AS_GIVEN:
         return _same
+    if type(type_) is Boolean:
+        return _sqlite_bool
     raise TypeError(
         f"bulk: no SQLite conversion known for {column.table.name}.{column.name} ({type_!r});"
         " add one to flowhook/store/bulk.py and the table to tests/integration/test_bulk_insert.py"

@@ -162,6 +162,8 @@ class RunStep:
     error: dict[str, Any] | None = None
     interrupted: tuple[int, ...] = ()
     """The attempts that started and never recorded an outcome (by number)."""
+    reused: bool = False
+    """A rerun's step copied from the run it reruns: it did not run again."""
 
     @classmethod
     def from_row(cls, row: Any) -> RunStep:
@@ -193,6 +195,8 @@ class Run:
     duration_ms: int | None = None
     claims: int = 0
     cancel_requested_at: datetime | None = None
+    rerun_of: str | None = None
+    """The run this one reruns, when it is a rerun."""
     steps: list[RunStep] = field(default_factory=list)
 
     @classmethod
@@ -346,12 +350,12 @@ class Delivery:
 _RUN_CONVERT = {"mode": Mode, "status": RunStatus}
 _RUN_INSERT = (
     *("run_id", "workspace_id", "mode", "flow_id", "flow_version", "trigger", "status"),
-    "queued_at",
+    *("queued_at", "next_step", "rerun_of"),
 )
 _STEP_CONVERT = {"status": StepStatus, "interrupted": lambda v: tuple(v or ())}
 _STEP_COLUMNS = (
     *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),
-    *("duration_ms", "output", "error"),
+    *("duration_ms", "output", "error", "reused"),
 )
 _EVENT_CONVERT = {"mode": Mode, "body": bytes}
 _EVENT_COLUMNS = ("id", "workspace_id", "mode", "type", "flow_id", "run_id", "created_at", "body")

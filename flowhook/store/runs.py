@@ -31,6 +31,7 @@ __all__ = [
     "LeaseLost",
     "insert_run",
     "insert_runs",
+    "insert_steps",
     "find_by_idempotency_key",
     "release_idempotency_key",
     "get_run",
@@ -247,6 +248,11 @@ async def extend_leases(
         .values(lease_expires_at=until, available_at=until)
     )
     return int(result.rowcount)
+
+
+async def insert_steps(conn: AsyncConnection, run_id: str, steps: Sequence[RunStep]) -> None:
+    """Write step records of a run that no worker holds yet (a rerun's reused steps)."""
+    await bulk.insert(conn, run_steps, [s.to_row(run_id) for s in steps])
 
 
 async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep]]) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -152,6 +153,8 @@ runs = Table(
     _at("cancel_requested_at", required=False),
     Column("idempotency_key", String(255)),
     Column("request_hash", String(64)),
+    # The run this one reruns (its steps before the rerun's first one are reused).
+    _ref("rerun_of", required=False),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
@@ -176,6 +179,8 @@ run_steps = Table(
     # The numbers of the attempts that started and never recorded an outcome (the process
     # died, or the run was cancelled meanwhile); null when none.
     Column("interrupted", JSONType),
+    # A rerun's step copied from the run it reruns, not run again.
+    Column("reused", Boolean, nullable=False, server_default=false()),
 )
 
 events = Table(

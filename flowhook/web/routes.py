@@ -19,10 +19,11 @@ from starlette.responses import RedirectResponse, Response
 
 from flowhook.api.deps import ServicesDep
 from flowhook.clock import isoformat
-from flowhook.errors import Forbidden, InvalidInput, Unauthenticated
+from flowhook.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import EVENT_TYPES
 from flowhook.service import Principal, Services
 from flowhook.signing import build_headers, new_secret
+from flowhook.store.models import Run
 from flowhook.store.sessions import WebSession
 from flowhook.web.security import foreign_origin, secure_cookie
 
@@ -367,17 +368,52 @@ async def runs(p: Page = PageDep) -> Response:
 
 @router.get("/runs/{run_id}")
 async def run(run_id: str, p: Page = PageDep) -> Response:
+    return await _run_page(p, run_id)
+
+
+async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = None) -> Response:
     r = await p.services.runs.get(p.who, run_id)
     events = await p.services.runs.events(p.who, run_id)
     sent = await p.services.webhooks.list_deliveries(p.who, limit=100, cursor=None, run_id=run_id)
     template = "run_body.html" if p.request.query_params.get("partial") else "run.html"
     return p.render(
         template,
+        code,
         r=r,
+        flow_name=await _flow_name(p, r.flow_id),
+        bars=_timeline(r, datetime.now(UTC)),
         events=events,
         deliveries=sent.data,
         notice=p.request.query_params.get("notice"),
+        error=error,
     )
+
+
+async def _flow_name(p: Page, flow_id: str) -> str | None:
+    """The flow's name, or ``None`` when it is archived or gone."""
+    try:
+        return (await p.services.flows.get(p.who, flow_id)).name
+    except NotFound:
+        return None
+
+
+def _timeline(r: Run, now: datetime) -> dict[int, tuple[float, float]]:
+    """Per step that ran in this run (by index): where its bar starts and how wide it is, in
+    percent of the run's time so far, so the page draws the steps as a timeline."""
+    begin = r.started_at
+    if begin is None:
+        return {}
+    end = r.finished_at or now
+    span = max((end - begin).total_seconds(), 1e-3)
+    bars = {}
+    for s in r.steps:
+        if s.reused or s.started_at is None:
+            continue
+        left = max(0.0, (s.started_at - begin).total_seconds() / span * 100)
+        stop = (s.finished_at or end) - begin
+        width = max(0.5, min(100 - left, stop.total_seconds() / span * 100 - left))
+        bars[s.idx] = (round(left, 2), round(width, 2))
+    return bars
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -385,6 +421,21 @@ async def run_cancel(run_id: str, p: Page = PageDep) -> Response:
     await p.form()
     await p.services.runs.cancel(p.who, run_id)
     return redirect(f"/runs/{run_id}?notice=Cancel+requested")
+
+
+@router.post("/runs/{run_id}/rerun")
+async def run_rerun(run_id: str, p: Page = PageDep) -> Response:
+    """Rerun from the step the form names (``from_step``), or from the first step with no
+    result; a refusal (a step before it has no result) shows on the run's page."""
+    fields = await p.form()
+    from_step = first(fields, "from_step") or None
+    try:
+        started = await p.services.runs.rerun(p.who, run_id, from_step=from_step)
+    except InvalidInput as exc:
+        return await _run_page(p, run_id, 400, f"Cannot rerun: {exc.message}")
+    where = f"step {from_step}" if from_step else "its first unfinished step"
+    notice = f"Rerun of {run_id} from {where}"
+    return redirect(f"/runs/{started.run.run_id}?" + urlencode({"notice": notice}))
 
 
 # Flows

@@ -226,3 +226,60 @@ def test_phone_width_is_readable(app: Server, page: Any) -> None:
     shot(page, "14-phone-webhooks")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 400, f"page is {width}px wide on a 390px screen"
+
+
+def sign_in(page: Any, app: Server) -> None:
+    page.goto(app.base + "/signin")
+    page.fill("#api_key", app.value("sandbox key"))
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs$"))
+
+
+def test_rerun_from_the_run_page(app: Server, receiver: str, page: Any) -> None:
+    """A run fails at its call to a service that is down; once it is back, one click reruns it
+    from the failed step, and the step before it is reused, not run again."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Charge and notify",
+        "steps": [
+            {"id": "charge", "type": "http", "request": {"method": "POST", "url": receiver}},
+            {"id": "notify", "type": "http", "request": {"method": "POST", "url": receiver}},
+            {"id": "summary", "type": "transform", "output": {"ok": True}},
+        ],
+    }
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    Hook.status = 200
+    run_id = api.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()["run_id"]
+    while api.get(f"/api/v1/flows/runs/{run_id}").json()["status"] != "completed":
+        time.sleep(0.05)
+    Hook.status, Hook.seen = 503, []
+    failed = api.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()["run_id"]
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{failed}")
+    page.wait_for_selector("#run-status[data-status=failed]")
+    assert "Charge and notify" in page.inner_text(".facts")  # the flow's name beside its id
+    assert page.locator(".bar rect").count() >= 1  # the steps as a timeline of durations
+    shot(page, "15-run-failed")
+
+    Hook.status = 200
+    page.click("#rerun-failed")
+    page.wait_for_url(re.compile(r"/runs/run_"))
+    assert not page.url.split("?")[0].endswith(failed)
+    page.wait_for_selector("#run-status[data-status=completed]")
+    reused = page.locator("li.step.reused")
+    assert reused.count() == 0  # charge failed: the rerun starts there
+    assert f"rerun of {failed}" in page.inner_text(".facts").lower()
+    shot(page, "16-rerun-completed")
+
+    # "Rerun from here" on the last step of the completed run reuses the two calls
+    calls = len(Hook.seen)
+    page.locator("li.step[data-step=summary] button:has-text('Rerun from here')").click()
+    page.wait_for_url(re.compile(r"/runs/run_"))
+    page.wait_for_selector("#run-status[data-status=completed]")
+    assert page.locator("li.step.reused").count() == 2
+    assert "Rerun of" in page.inner_text(".notice")
+    assert len(Hook.seen) == calls  # charge and notify did not run again
+    shot(page, "17-rerun-from-here")
+    api.close()

@@ -75,6 +75,17 @@ def test_every_remote_command(tmp_path: Path) -> None:
         assert "completed" in ok(server, "runs", "list")
         assert "hello" in ok(server, "runs", "show", runs[0]["run_id"])
         assert js(server, "runs", "show", runs[0]["run_id"])["status"] == "completed"
+        first = runs[0]["run_id"]
+        again = js(server, "runs", "rerun", first, "--payload", '{"name": "Cy"}', "--wait")
+        assert (again["rerun_of"], again["output"]) == (first, {"text": "hi Cy"})
+        out = ok(server, "runs", "rerun", first, "--version", "latest")
+        assert f"(rerun of {first})" in out
+        queued_rerun = js(server, "runs", "rerun", first, "--version", "1")
+        assert queued_rerun["rerun_of"] == first and queued_rerun["status"] == "queued"
+        refused = cli(server, "runs", "rerun", first, "--from-step", "nope")
+        assert refused.returncode == 1 and "'nope'" in refused.stderr
+        refused = cli(server, "runs", "rerun", first, "--version", "two")
+        assert refused.returncode == 2 and "--version" in refused.stderr
         slow = tmp_path / "slow.json"
         slow.write_text(
             json.dumps({"name": "Slow", "steps": [{"id": "w", "type": "delay", "seconds": 60}]})

@@ -64,6 +64,10 @@ def test_sdk_against_a_real_server(tmp_path: Path, database_url: str) -> None:
             run = flowhook.wait(accepted.run_id, interval=0.05, max_attempts=100)
             assert run.status == "completed" and run.output == {"order_id": "ord_sdk", "total": 2.4}
             assert [r.run_id for r in flowhook.list_runs(flow_id=flow_id)] == [accepted.run_id]
+            rerun = flowhook.rerun(accepted.run_id, from_step=run.steps[-1]["id"])
+            rerun_run = flowhook.wait(rerun.run_id, interval=0.05, max_attempts=100)
+            assert rerun_run.rerun_of == accepted.run_id and rerun_run.output == run.output
+            assert [s["reused"] for s in rerun_run.steps][:-1] == [True] * (len(run.steps) - 1)
             # Long-poll answers when the run ends.
             slow = flowhook.create_flow(
                 {"name": "s", "steps": [{"id": "w", "type": "delay", "seconds": 0.5}]}

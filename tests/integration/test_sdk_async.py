@@ -21,6 +21,14 @@ async def test_async_client_round_trip(api: Api) -> None:
         run = await client.wait(accepted.run_id, interval=0.02, max_attempts=200)
         assert (run.status, run.steps[0]["output"]) == ("completed", {"v": 7})
         assert [r.run_id for r in await client.list_runs()] == [accepted.run_id]
+        rerun = await client.rerun(accepted.run_id, payload={"v": 8}, idempotency_key="r1")
+        assert rerun.rerun_of == accepted.run_id
+        again = await client.wait(rerun.run_id, interval=0.02, max_attempts=200)
+        assert (again.rerun_of, again.output, again.steps[0]["output"]) == (
+            accepted.run_id,
+            None,
+            {"v": 8},
+        )
     async with AsyncClient(
         "http://flowhook.test/api/v1/", api.keys["live"], transport=transport
     ) as live:

@@ -13,6 +13,8 @@ from flowhook.api.fast import accepted
 from flowhook.api.models import (
     ExecuteRequest,
     PagingDep,
+    RerunAccepted,
+    RerunRequest,
     RunAccepted,
     RunList,
     RunRecord,
@@ -99,6 +101,38 @@ async def get_run(
 async def cancel_run(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
     run = await services.runs.cancel(who, run_id)
     return ORJSONResponse(run_record(run), status_code=200 if run.status.terminal else 202)
+
+
+@router.post(
+    "/flows/runs/{run_id}/rerun",
+    status_code=202,
+    summary="Rerun a finished run from one of its steps",
+    description="A new run of the same flow whose top-level steps before `from_step` are "
+    "reused from this run (listed with `reused: true`, no events), not run again. Only a "
+    "completed, failed or cancelled run (else 409). A `from_step` the version lacks, or a step "
+    "before it with no result to reuse, answers 400 naming it.",
+    responses={202: {"model": RerunAccepted}, **_ERRORS},
+)
+async def rerun(
+    run_id: str,
+    services: ServicesDep,
+    who: CallerDep,
+    body: RerunRequest | None = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="Same key and body within 24 h return the same run; another body, 409."),
+    ] = None,
+) -> Response:
+    body = body or RerunRequest()
+    started = await services.runs.rerun(
+        who,
+        run_id,
+        from_step=body.from_step,
+        flow_version=body.flow_version,
+        payload=body.payload,
+        idempotency_key=idempotency_key,
+    )
+    return accepted(started)
 
 
 @router.get(
