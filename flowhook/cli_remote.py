@@ -95,6 +95,7 @@ endpoints = typer.Typer(help="Webhook endpoints.", no_args_is_help=True)
 deliveries = typer.Typer(help="Webhook deliveries.", no_args_is_help=True)
 hooks = typer.Typer(help="Inbound hooks.", no_args_is_help=True)
 schedules = typer.Typer(help="Cron schedules.", no_args_is_help=True)
+signals = typer.Typer(help="Signals that resume runs waiting in a wait step.", no_args_is_help=True)
 
 
 @flows.command("apply")
@@ -160,7 +161,20 @@ def _print_step(step: dict[str, Any]) -> None:
     reused = " (reused)" if step.get("reused") else ""
     console.print(
         f"  {mark} {step['id']} [dim]{step['type']} {step['status']}{reused} {took}[/dim]"
+        + _waiting_for(step)
     )
+
+
+def _waiting_for(step: dict[str, Any]) -> str:
+    """What a waiting step waits for, and until when."""
+    output = step.get("output") or {}
+    if step["status"] != "waiting" or not isinstance(output, dict):
+        return ""
+    until = f" until {output['until']}" if output.get("until") else ""
+    if step["type"] == "wait":
+        match = ", ".join(f"{k}={json.dumps(v)}" for k, v in (output.get("match") or {}).items())
+        return f" [yellow]for signal {output.get('signal')}{f' ({match})' if match else ''}{until}[/yellow]"
+    return f" [yellow]{until.strip()}[/yellow]" if until else ""
 
 
 def follow(c: Client, run_id: str, timeout: float) -> Run:
@@ -451,6 +465,35 @@ def schedules_list(as_json: JsonOpt = False) -> None:
     )
 
 
+@signals.command("send")
+def signals_send(
+    name: Annotated[str, typer.Argument(help="The signal's name, such as order.paid.")],
+    data: Annotated[
+        str, typer.Option("--data", help="A JSON object: what the resumed steps see as data.")
+    ] = "{}",
+    run_id: Annotated[
+        str | None, typer.Option("--run", help="Send it to this run only (run_…).")
+    ] = None,
+    signal_id: Annotated[
+        str | None,
+        typer.Option("--id", help="Your id for it: the same id again is the same signal."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a signal: it resumes the runs waiting for it now, and counts for runs queued
+    before it that reach their wait step later."""
+    body = parse_json(data, "--data")
+    if not isinstance(body, dict):
+        err.print("[red]error:[/red] --data must be a JSON object")
+        raise typer.Exit(2)
+    if run_id is not None and signal_id is not None:
+        err.print("[red]error:[/red] --id applies to a broadcast signal, not one sent with --run")
+        raise typer.Exit(2)
+    with client() as c:
+        sent = c.send_signal(name, body, id=signal_id, run_id=run_id)
+    shown(sent, as_json, lambda: f"{sent['id']} sent: resumed {sent['matched']} waiting step(s)")
+
+
 def register(app: typer.Typer) -> None:
     for name, sub in (
         ("flows", flows),
@@ -459,5 +502,6 @@ def register(app: typer.Typer) -> None:
         ("deliveries", deliveries),
         ("hooks", hooks),
         ("schedules", schedules),
+        ("signals", signals),
     ):
         app.add_typer(sub, name=name)

@@ -13,7 +13,7 @@ from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
-from flowhook.api.routes import flows, hooks, runs, schedules, system, webhooks
+from flowhook.api.routes import flows, hooks, runs, schedules, signals, system, webhooks
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
 from flowhook.gctune import tune_for_server
@@ -96,6 +96,7 @@ def create_app(
     app.include_router(webhooks.router, prefix="/api/v1")
     app.include_router(hooks.router, prefix="/api/v1")
     app.include_router(schedules.router, prefix="/api/v1")
+    app.include_router(signals.router, prefix="/api/v1")
     app.include_router(web_routes.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)

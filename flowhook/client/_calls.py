@@ -7,7 +7,7 @@ from typing import Any
 from flowhook.client._core import Call
 
 __all__ = [
-    "execute", "get_run", "list_runs", "cancel", "rerun", "create_flow", "update_flow", "get_flow",
+    "execute", "get_run", "list_runs", "cancel", "rerun", "send_signal", "create_flow", "update_flow", "get_flow",
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
     "create_hook", "create_schedule", "list_schedules",
 ]  # fmt: skip
@@ -46,6 +46,15 @@ def rerun(
     body = {"from_step": from_step, "flow_version": flow_version, "payload": payload}
     body = {k: v for k, v in body.items() if v is not None}
     return Call("POST", f"/flows/runs/{run_id}/rerun", json=body, headers=headers)
+
+
+def send_signal(name: str, data: dict[str, Any] | None, id: str | None, run_id: str | None) -> Call:
+    if run_id is not None:
+        return Call("POST", f"/flows/runs/{run_id}/signal", json={"name": name, "data": data or {}})
+    body: dict[str, Any] = {"name": name, "data": data or {}}
+    if id is not None:
+        body["id"] = id
+    return Call("POST", "/signals", json=body)
 
 
 def create_flow(definition: dict[str, Any]) -> Call:

@@ -108,6 +108,19 @@ class Client:
         call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
         return RunAccepted(**self._send(call))
 
+    def send_signal(
+        self,
+        name: str,
+        data: dict[str, Any] | None = None,
+        *,
+        id: str | None = None,
+        run_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Send a signal: to every run waiting for ``name`` whose ``match`` fields ``data``
+        holds, or with ``run_id`` to that run only. ``id``: your id for it (the same again is
+        the same signal). Answers ``{"id", "name", "matched", "run_id", "created_at"}``."""
+        return dict(self._send(calls.send_signal(name, data, id, run_id)))
+
     def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
         return dict(self._send(calls.create_flow(definition)))
 
@@ -225,6 +238,16 @@ class AsyncClient:
     ) -> RunAccepted:
         call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
         return RunAccepted(**await self._send(call))
+
+    async def send_signal(
+        self,
+        name: str,
+        data: dict[str, Any] | None = None,
+        *,
+        id: str | None = None,
+        run_id: str | None = None,
+    ) -> dict[str, Any]:
+        return dict(await self._send(calls.send_signal(name, data, id, run_id)))
 
     async def create_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
         return dict(await self._send(calls.create_flow(definition)))

@@ -59,6 +59,28 @@ _STEPS: dict[str, tuple[list[str], dict[str, Any]]] = {
     ),
     "delay": ([], {"seconds": {"type": ["number", "string"]}, "until": {"type": "string"}}),
     "python": (["function"], {"function": {"type": "string", "minLength": 1}, "input": {}}),
+    "wait": (
+        ["signal"],
+        {
+            "signal": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 200,
+                "description": "The name of the signal that resumes the run.",
+            },
+            "match": {
+                "type": "object",
+                "description": "Fields the signal's data must hold with these values (templated).",
+            },
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 2592000,
+                "description": "How long to wait; default: until the run's own timeout.",
+            },
+            "on_timeout": {"enum": ["fail", "continue"]},
+        },
+    ),
 }
 
 STEP_TYPES = tuple(_STEPS)

@@ -32,16 +32,18 @@ from typing import Any
 import aiohttp
 import orjson
 
-from flowhook.clock import Clock
+from flowhook.clock import Clock, isoformat
 from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
 from flowhook.definition.sandbox import weight
 from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.engine.steps.base import error as failure
+from flowhook.engine.steps.wait import WaitStep
 from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_event
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
+from flowhook.store import signals as signals_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.types import json_has_nul
@@ -374,7 +376,9 @@ class Executor:
 
     async def _wake(self, state: _InFlight, prior: RunStep, now: datetime) -> RunStatus | None:
         """A step that waits (a delay) is done once its time has come; before that the run
-        sleeps again."""
+        sleeps again. A ``wait`` step is done when a signal came or its time is up."""
+        if prior.type == "wait":
+            return await self._wake_wait(state, prior, now)
         until = _parse_time(prior.output["until"])
         if now < until:
             return await self._release(state, min(until, state.deadline))
@@ -443,6 +447,8 @@ class Executor:
         """Record the attempt's outcome: the run sleeps (a wait, a retry's backoff), fails, or
         goes on."""
         finished = self._clock.now()
+        if outcome.action == "signal":
+            return await self._park(state, attempt, outcome)
         if outcome.action == "wait" and outcome.wait_until is not None:
             state.pending.steps.append(
                 RunStep(
@@ -520,8 +526,8 @@ class Executor:
         payload["output"] = step.output
         return run_event(run, "flow.step_completed", payload, now)
 
-    async def _commit(self, state: _InFlight, **extra: Any) -> None:
-        """Commit what is pending with the run's progress (still ``running``)."""
+    def _progress(self, state: _InFlight, **extra: Any) -> runs_store.Progress:
+        """What is pending, with the run's progress (still ``running``), as one write."""
         run, pending = state.run, state.pending
         values = {
             **pending.values,
@@ -529,27 +535,107 @@ class Executor:
             "steps_executed": run.steps_executed,
             **extra,
         }
-        await self._write(
-            run,
-            (runs_store.StatusChange(RunStatus.RUNNING, values),),
-            pending.steps,
-            pending.events,
-        )
-        run.status = RunStatus.RUNNING
+        change = runs_store.StatusChange(RunStatus.RUNNING, values)
+        return runs_store.Progress(run.run_id, (change,), pending.steps, pending.events)
+
+    async def _commit(self, state: _InFlight, **extra: Any) -> None:
+        """Commit what is pending with the run's progress (still ``running``)."""
+        if not await self._apply(self._progress(state, **extra)):
+            raise runs_store.LeaseLost(state.run.run_id)
+        state.run.status = RunStatus.RUNNING
         state.pending = _Pending()
 
     async def _release(self, state: _InFlight, wake: datetime) -> RunStatus:
         """Give the run back until ``wake`` (a delay or a retry backoff): no lease, and the
         lost-worker count starts again."""
-        await self._commit(
-            state,
-            available_at=wake,
-            due_at=wake,
-            lease_owner=None,
-            lease_expires_at=None,
-            claims=0,
-        )
+        await self._commit(state, **_released(wake))
         return RunStatus.RUNNING
+
+    # -- wait: a step that sleeps until a signal -------------------------------------------
+
+    async def _park(
+        self, state: _InFlight, attempt: _Attempt, outcome: Outcome
+    ) -> RunStatus | None:
+        """A ``wait`` step reached: take the signal that matches it if one came since the run
+        was queued, else sleep without a lease until one comes (it wakes the run) or the
+        step's time is up. The lookup and the registration are one write transaction under
+        the signal name's lock, so a signal sent meanwhile is never missed."""
+        run, step = state.run, attempt.step
+        assert isinstance(step, WaitStep)
+        wait = signals_store.Wait(
+            run.run_id, attempt.idx, run.workspace_id, run.mode, step.signal,
+            outcome.output["match"], attempt.started, outcome.wait_until,
+        )  # fmt: skip
+        record = RunStep(
+            idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
+            attempts=attempt.number, started_at=attempt.started, output=outcome.output,
+        )  # fmt: skip
+        wake = min(outcome.wait_until or state.deadline, state.deadline)
+        async with self._db.transaction() as conn:
+            await signals_store.lock_name(conn, run.workspace_id, run.mode, step.signal)
+            found = await signals_store.find_for_wait(conn, wait, run.queued_at)
+            await signals_store.register_wait(conn, wait, resolved_by=found, now=self._clock.now())
+            if found is None:
+                state.pending.steps.append(record)
+                progress = self._progress(state, **_released(wake))
+                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+                if not ok:
+                    raise runs_store.LeaseLost(run.run_id)
+        if found is not None:
+            return await self._signalled(state, record, found)
+        state.pending = _Pending()
+        run.status = RunStatus.RUNNING
+        return RunStatus.RUNNING
+
+    async def _wake_wait(self, state: _InFlight, prior: RunStep, now: datetime) -> RunStatus | None:
+        """A sleeping ``wait`` step's run was claimed: resumed by a signal, timed out (what
+        ``on_timeout`` says), or woken early (it sleeps again)."""
+        run, step = state.run, state.flow.steps[state.idx]
+        name = prior.output["signal"]
+        async with self._db.transaction() as conn:
+            await signals_store.lock_name(conn, run.workspace_id, run.mode, name)
+            done, signal = await signals_store.resolve_wait(conn, run.run_id, state.idx, now)
+        if signal is not None:
+            return await self._signalled(state, prior, signal)
+        if not done:
+            until = prior.output.get("until")
+            wake = min(_parse_time(until), state.deadline) if until else state.deadline
+            return await self._release(state, wake)
+        duration = elapsed_ms(prior.started_at or now, now)
+        ended = replace(prior, finished_at=now, duration_ms=duration, output=None)
+        if getattr(step, "on_timeout", "fail") == "continue":
+            self._record(state, replace(ended, status=StepStatus.COMPLETED))
+            state.idx += 1
+            return await self._go_on(state, step, Outcome())
+        seconds = getattr(step, "timeout_after", None) or 0
+        error = {"type": "wait_timeout", "message": f"no signal {name!r} came within {seconds:g} s"}
+        self._record(state, replace(ended, status=StepStatus.FAILED, error=error))
+        state.idx += 1
+        return await self._go_on(state, step, Outcome(error=error, action="fail"))
+
+    async def _signalled(
+        self, state: _InFlight, record: RunStep, signal: signals_store.Signal
+    ) -> RunStatus | None:
+        """The ``wait`` step completes with ``signal``: ``{"signal", "id", "data",
+        "received_at"}``."""
+        now = self._clock.now()
+        output = {
+            "signal": signal.name,
+            "id": signal.id,
+            "data": signal.data,
+            "received_at": isoformat(signal.created_at),
+        }
+        started = record.started_at or now
+        done = replace(
+            record,
+            status=StepStatus.COMPLETED,
+            finished_at=now,
+            duration_ms=elapsed_ms(started, now),
+            output=output,
+        )
+        self._record(state, done)
+        state.idx += 1
+        return await self._go_on(state, state.flow.steps[state.idx - 1], Outcome(output=output))
 
     # -- finish: end the run ---------------------------------------------------------------
 
@@ -664,6 +750,18 @@ class Executor:
         await self._write(run, (cancel,), pending.steps, [cancelled_event(run, now)])
         metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
+
+
+def _released(wake: datetime) -> dict[str, Any]:
+    """The run's values when it is given back until ``wake``: no lease, and the lost-worker
+    count starts again."""
+    return {
+        "available_at": wake,
+        "due_at": wake,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "claims": 0,
+    }
 
 
 def _ended_event(run: Run, status: RunStatus, values: dict[str, Any], now: datetime) -> Event:

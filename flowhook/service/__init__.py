@@ -12,6 +12,7 @@ from flowhook.service.retention import RetentionService
 from flowhook.service.runs import RunService, Started
 from flowhook.service.schedules import ScheduleService
 from flowhook.service.sessions import SessionService
+from flowhook.service.signals import SignalService
 from flowhook.service.webhooks import WebhookService
 from flowhook.store.db import Database
 from flowhook.store.wakeup import Wakeup
@@ -35,6 +36,7 @@ class Services:
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
+        self.signals = SignalService(db, clock)
         self.schedules = ScheduleService(
             db,
             clock,

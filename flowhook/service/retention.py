@@ -1,4 +1,5 @@
-"""Retention: finished runs older than ``FLOWHOOK_RETENTION_DAYS`` go, with their history."""
+"""Retention: finished runs older than ``FLOWHOOK_RETENTION_DAYS`` go, with their history,
+and so do signals sent before then."""
 
 from __future__ import annotations
 
@@ -28,4 +29,8 @@ class RetentionService:
                 removed = await store.prune_batch(conn, before, BATCH)
             total += removed
             if removed < BATCH:
-                return total
+                break
+        while True:  # signals go by age, in their own batches
+            async with self._db.transaction() as conn:
+                if await store.prune_signals(conn, before, BATCH) < BATCH:
+                    return total

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import RunStatus
 from flowhook.store.tables import (
     deliveries,
@@ -15,9 +16,11 @@ from flowhook.store.tables import (
     inbound_dedup,
     run_steps,
     runs,
+    signals,
+    waits,
 )
 
-__all__ = ["prune_batch"]
+__all__ = ["prune_batch", "prune_signals"]
 
 
 async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> int:
@@ -46,5 +49,27 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     await conn.execute(delete(events).where(events.c.run_id.in_(ids)))
     await conn.execute(delete(run_steps).where(run_steps.c.run_id.in_(ids)))
     await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))
+    await conn.execute(delete(waits).where(waits.c.run_id.in_(ids)))
     await conn.execute(delete(runs).where(runs.c.run_id.in_(ids)))
+    return len(ids)
+
+
+async def prune_signals(conn: AsyncConnection, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` signals sent before ``before``, except those a ``wait`` step of
+    a run still going took (it reads the signal when it wakes); returns how many went."""
+    taken = select(waits.c.signal_id).where(
+        waits.c.signal_id.is_not(None),
+        waits.c.run_id.in_(select(runs.c.run_id).where(text(ACTIVE_RUN))),
+    )
+    ids = list(
+        (
+            await conn.execute(
+                select(signals.c.id)
+                .where(signals.c.created_at < before, signals.c.id.not_in(taken))
+                .limit(limit)
+            )
+        ).scalars()
+    )
+    if ids:
+        await conn.execute(delete(signals).where(signals.c.id.in_(ids)))
     return len(ids)

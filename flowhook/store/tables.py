@@ -38,6 +38,8 @@ __all__ = [
     "inbound_hooks",
     "inbound_dedup",
     "schedules",
+    "signals",
+    "waits",
 ]
 
 metadata = MetaData(
@@ -328,4 +330,51 @@ schedules = Table(
     _at("updated_at"),
     Index(None, "workspace_id", "mode", "id"),
     _partial_index("ix_schedules_due", "next_run_at", "enabled"),
+)
+
+signals = Table(
+    "signals",
+    metadata,
+    _id(),
+    *_scope(),
+    Column("name", String(200), nullable=False),
+    Column("data", JSONType, nullable=False),
+    # A signal sent to one run (``POST /flows/runs/{id}/signal``); null: a broadcast.
+    _ref("run_id", required=False),
+    # The sender's own ``id``: the same again is the same signal.
+    Column("dedup_key", String(255)),
+    _at("created_at"),
+    UniqueConstraint("workspace_id", "mode", "dedup_key"),
+    # what a run reaching a ``wait`` looks for: the signals of its name since it was queued
+    Index(None, "workspace_id", "mode", "name", "created_at"),
+    Index(None, "run_id"),
+    Index(None, "created_at"),  # pruned by age
+)
+
+waits = Table(
+    "waits",
+    metadata,
+    # One row per ``wait`` step a run has reached: the mailbox a signal resolves.
+    Column("run_id", String(40), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    *_scope(),
+    Column("name", String(200), nullable=False),
+    # The step's ``match`` fields (sorted, comma-separated) and the digest of their values:
+    # a signal matches when its data's values of those fields have the same digest.
+    Column("match_keys", Text, nullable=False),
+    Column("match_digest", String(64), nullable=False),
+    _at("created_at"),
+    _at("until", required=False),
+    Column("signal_id", String(40)),
+    _at("resolved_at", required=False),
+    Index(
+        "ix_waits_open",
+        "workspace_id",
+        "mode",
+        "name",
+        "match_keys",
+        "match_digest",
+        postgresql_where=text("resolved_at IS NULL"),
+        sqlite_where=text("resolved_at IS NULL"),
+    ),
 )

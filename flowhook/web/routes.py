@@ -33,7 +33,17 @@ COOKIE = "flowhook_session"
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.filters["ts"] = lambda v: isoformat(v).replace("T", " ")[:19] + " UTC" if v else "—"
+
+
+def _ts(value: datetime | str | None) -> str:
+    """A time as the pages show it (``2026-11-23 10:15:30 UTC``); ``value`` may be ISO text."""
+    if not value:
+        return "—"
+    text = value if isinstance(value, str) else isoformat(value)
+    return text.replace("T", " ")[:19] + " UTC"
+
+
+templates.env.filters["ts"] = _ts
 templates.env.filters["pretty"] = lambda v: json.dumps(
     v, indent=2, ensure_ascii=False, sort_keys=False
 )

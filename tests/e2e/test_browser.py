@@ -282,4 +282,24 @@ def test_rerun_from_the_run_page(app: Server, receiver: str, page: Any) -> None:
     assert "Rerun of" in page.inner_text(".notice")
     assert len(Hook.seen) == calls  # charge and notify did not run again
     shot(page, "17-rerun-from-here")
+
+    # A run waiting for a signal says what for and until when, then goes on when it comes
+    waits = {
+        "name": "Await payment",
+        "steps": [
+            {"id": "paid", "type": "wait", "signal": "order.paid",
+             "match": {"order_id": "{{ payload.order_id }}"}, "timeout_seconds": 3600},
+        ],
+    }  # fmt: skip
+    wait_flow = api.post("/api/v1/flows", json=waits).json()["flow_id"]
+    body = {"flow_id": wait_flow, "payload": {"order_id": "ord_7"}}
+    waiting = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    page.goto(f"{app.base}/runs/{waiting}")
+    reload_until(page, lambda: page.locator(".waitfor").count() > 0)
+    text = page.inner_text(".waitfor")
+    assert "order.paid" in text and '"ord_7"' in text and "until" in text, text
+    shot(page, "18-run-waiting-for-signal")
+    sent = api.post("/api/v1/signals", json={"name": "order.paid", "data": {"order_id": "ord_7"}})
+    assert sent.json()["matched"] == 1
+    page.wait_for_selector("#run-status[data-status=completed]")  # the page refreshes itself
     api.close()

@@ -76,6 +76,31 @@ def test_every_remote_command(tmp_path: Path) -> None:
         assert "hello" in ok(server, "runs", "show", runs[0]["run_id"])
         assert js(server, "runs", "show", runs[0]["run_id"])["status"] == "completed"
         first = runs[0]["run_id"]
+        waiter = tmp_path / "wait.json"
+        waiter.write_text(
+            json.dumps(
+                {
+                    "name": "Waits",
+                    "steps": [
+                        {"id": "paid", "type": "wait", "signal": "order.paid",
+                         "match": {"order_id": "{{ payload.order_id }}"}}
+                    ],
+                }
+            )
+        )  # fmt: skip
+        wait_id = js(server, "flows", "apply", "-f", str(waiter))["flow_id"]
+        waiting = js(server, "runs", "start", wait_id, "--payload", '{"order_id": "o1"}')
+        deadline = time.monotonic() + 10
+        while "for signal order.paid" not in ok(server, "runs", "show", waiting["run_id"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert '(order_id="o1")' in ok(server, "runs", "show", waiting["run_id"])
+        sent = js(server, "signals", "send", "order.paid", "--data", '{"order_id": "o1"}')
+        assert sent["matched"] == 1 and sent["id"].startswith("sig_")
+        out = ok(server, "signals", "send", "order.paid", "--data", '{"order_id": "o2"}')
+        assert "resumed 0 waiting" in out
+        refused = cli(server, "signals", "send", "order.paid", "--data", "[1]")
+        assert refused.returncode == 2 and "JSON object" in refused.stderr
         again = js(server, "runs", "rerun", first, "--payload", '{"name": "Cy"}', "--wait")
         assert (again["rerun_of"], again["output"]) == (first, {"text": "hi Cy"})
         out = ok(server, "runs", "rerun", first, "--version", "latest")

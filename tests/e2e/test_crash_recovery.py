@@ -103,3 +103,90 @@ def test_kill_9_then_restart_completes_the_run(
         expected,
         (1, []),
     ]
+
+
+def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -> None:
+    """Runs wait for signals; the engine's process is killed; signals sent while it is down
+    (through a second, API-only process) and one sent before the kill resume each run exactly
+    once after the restart, and the runs no signal matched still wait."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {
+        "FLOWHOOK_PLUGINS": "tests.plugins",
+        "FLOWHOOK_LEASE_SECONDS": "1.5",
+        "FLOWHOOK_TEST_COUNT_DIR": str(marks),
+        "PYTHONPATH": str(ROOT),
+        "FLOWHOOK_LOG_LEVEL": "warning",
+    }
+    definition = {
+        "name": "paid",
+        "steps": [
+            {"id": "first", "type": "python", "function": "count"},
+            {
+                "id": "paid",
+                "type": "wait",
+                "signal": "order.paid",
+                "match": {"order_id": "{{ payload.order_id }}"},
+            },
+            {"id": "after", "type": "python", "function": "count"},
+        ],
+    }
+    with serve(tmp_path, database_url, **env) as server:
+        auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
+        with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
+            flow_id = client.post("/api/v1/flows", json=definition).json()["flow_id"]
+            ids = [
+                client.post(
+                    "/api/v1/flows/execute",
+                    json={"flow_id": flow_id, "payload": {"order_id": f"o{i}"}},
+                ).json()["run_id"]
+                for i in range(6)
+            ]
+
+            def all_waiting() -> bool:
+                runs = [client.get(f"/api/v1/flows/runs/{r}").json() for r in ids]
+                return all(
+                    len(r["steps"]) == 2 and r["steps"][1]["status"] == "waiting" for r in runs
+                )
+
+            wait_for(all_waiting)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait()
+
+    def send(client: httpx.Client, order: str, **extra: Any) -> dict[str, Any]:
+        body = {"name": "order.paid", "data": {"order_id": order}, **extra}
+        answer: dict[str, Any] = client.post("/api/v1/signals", json=body).json()
+        return answer
+
+    with (
+        serve(tmp_path, database_url, "api", **env) as api_only,
+        httpx.Client(base_url=api_only.base, headers=auth, timeout=10) as client,
+    ):
+        sent = [send(client, f"o{i}", id=f"evt-{i}") for i in range(4)]
+        assert [s["matched"] for s in sent] == [1, 1, 1, 1]
+        assert send(client, "o0", id="evt-0")["matched"] == 0  # the same signal again
+        r = client.post(f"/api/v1/flows/runs/{ids[4]}/signal", json={"name": "order.paid"})
+        assert r.json()["matched"] == 1
+        time.sleep(0.5)  # nothing runs them: no engine
+        assert all(
+            client.get(f"/api/v1/flows/runs/{r}").json()["steps"][1]["status"] == "waiting"
+            for r in ids
+        )
+
+    with (
+        serve(tmp_path, database_url, **env) as again,
+        httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
+    ):
+
+        def five_done() -> list[dict[str, Any]] | None:
+            runs = [client.get(f"/api/v1/flows/runs/{r}").json() for r in ids]
+            return runs if sum(r["status"] == "completed" for r in runs) == 5 else None
+
+        runs = wait_for(five_done, timeout=30)
+        time.sleep(0.5)
+        assert client.get(f"/api/v1/flows/runs/{ids[5]}").json()["status"] == "running"
+    for run_id, run in zip(ids[:5], runs[:5], strict=True):
+        assert run["status"] == "completed", run
+        assert counts(marks, run_id) == {"first": 1, "after": 1}
+    assert [r["steps"][1]["output"]["id"] for r in runs[:4]] == [s["id"] for s in sent]
+    assert counts(marks, ids[5]) == {"first": 1}

@@ -79,3 +79,33 @@ async def test_retention_prunes_old_finished_runs_with_their_history(
     assert {d.run_id for d in deliveries.data} == {new}
     assert old not in remaining
     assert await services.retention.prune() == 0
+
+
+async def test_retention_prunes_old_signals_but_not_one_a_waiting_run_took(
+    services: Services, db: Database
+) -> None:
+    from flowhook.store import signals as signals_store
+
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    for s in (services.runs, services.retention, services.signals):
+        s._clock = clock  # type: ignore[attr-defined]
+    key = await services.keys.create(Mode.TEST, "w")
+    who = await services.keys.authenticate(f"Bearer {key.key}")
+    flow = await services.flows.create(
+        who, {"name": "w", "steps": [{"id": "w", "type": "wait", "signal": "go"}]}
+    )
+    waiting = (await services.runs.start(who, flow_id=flow.flow_id, payload={})).run.run_id
+    worker = Worker(db, clock, services.wakeup)
+    await worker.run_once()
+    await worker.drain()
+    stale = await services.signals.send(who, "other", {})
+    taken = await services.signals.send(who, "go", {})
+    assert taken.matched == 1  # the run is woken but no worker has taken it yet
+    clock.advance(31 * 86400)
+    fresh = await services.signals.send(who, "other", {})
+    await services.retention.prune()
+    async with db.read() as conn:
+        assert await signals_store.get_signal(conn, stale.signal.id) is None
+        assert await signals_store.get_signal(conn, taken.signal.id) is not None
+        assert await signals_store.get_signal(conn, fresh.signal.id) is not None
+    assert (await services.runs.get(who, waiting)).status.value == "running"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from flowhook.client import AsyncClient
@@ -33,3 +35,25 @@ async def test_async_client_round_trip(api: Api) -> None:
         "http://flowhook.test/api/v1/", api.keys["live"], transport=transport
     ) as live:
         assert await live.list_runs() == []
+
+
+async def test_async_client_sends_signals(api: Api) -> None:
+    transport = httpx.ASGITransport(app=api.app)
+    async with AsyncClient("http://flowhook.test", api.keys["test"], transport=transport) as client:
+        flow = await client.create_flow(
+            {
+                "name": "w",
+                "steps": [{"id": "go", "type": "wait", "signal": "go", "match": {"k": 1}}],
+            }
+        )
+        accepted = await client.execute(flow["flow_id"])
+        for _ in range(200):
+            run = await client.get_run(accepted.run_id)
+            if run.steps and run.steps[0]["status"] == "waiting":
+                break
+            await asyncio.sleep(0.02)
+        assert (await client.send_signal("go", {"k": 2}, id="a"))["matched"] == 0
+        sent = await client.send_signal("go", run_id=accepted.run_id)
+        assert sent["matched"] == 1 and sent["run_id"] == accepted.run_id
+        done = await client.wait(accepted.run_id, interval=0.02, max_attempts=200)
+        assert done.status == "completed" and done.steps[0]["output"]["id"] == sent["id"]

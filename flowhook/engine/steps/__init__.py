@@ -11,6 +11,7 @@ from flowhook.engine.steps.fail import FailStep
 from flowhook.engine.steps.http import HttpStep
 from flowhook.engine.steps.python import PythonStep
 from flowhook.engine.steps.transform import TransformStep
+from flowhook.engine.steps.wait import WaitStep
 
 __all__ = ["Context", "Outcome", "Step", "StepEnv", "build_step"]
 
@@ -21,6 +22,7 @@ _TYPES: dict[str, Any] = {
     "http": HttpStep,
     "delay": DelayStep,
     "python": PythonStep,
+    "wait": WaitStep,
 }
 
 

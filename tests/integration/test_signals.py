@@ -1,0 +1,175 @@
+"""``wait`` steps and signals on both backends: broadcast and targeted signals, a signal that
+comes before the run reaches its step, duplicates, timeouts each way, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.conftest import Api
+
+
+def order_flow(**wait: Any) -> dict[str, Any]:
+    step = {
+        "id": "paid",
+        "type": "wait",
+        "signal": "order.paid",
+        "match": {"order_id": "{{ payload.order_id }}"},
+        **wait,
+    }
+    return {
+        "name": "order",
+        "timeout_seconds": 600,
+        "steps": [
+            step,
+            {"id": "ship", "type": "transform", "output": {"paid": "{{ steps.paid.output }}"}},
+        ],
+        "output": {"paid": "{{ steps.ship.output.paid }}"},
+    }
+
+
+async def waiting(api: Api, run_id: str, step: str = "paid") -> dict[str, Any]:
+    """The run once step ``step`` is waiting."""
+    async with asyncio.timeout(10):
+        while True:
+            run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+            if any(s["id"] == step and s["status"] == "waiting" for s in run["steps"]):
+                return dict(run)
+            assert run["status"] in ("queued", "running"), run
+            await asyncio.sleep(0.02)
+
+
+async def signal(
+    api: Api, name: str, data: dict[str, Any], who: str = "test", **extra: Any
+) -> dict[str, Any]:
+    r = await api.post("/api/v1/signals", {"name": name, "data": data, **extra}, who=who)
+    assert r.status_code == 202, r.text
+    return dict(r.json())
+
+
+async def test_a_broadcast_signal_resumes_the_runs_it_matches(api: Api) -> None:
+    flow_id = await api.create_flow(order_flow(timeout_seconds=300))
+    first = await api.execute(flow_id, {"order_id": "o1"})
+    second = await api.execute(flow_id, {"order_id": "o2"})
+    run = await waiting(api, first)
+    await waiting(api, second)
+    [step] = [s for s in run["steps"] if s["id"] == "paid"]
+    assert step["output"]["signal"] == "order.paid"
+    assert step["output"]["match"] == {"order_id": "o1"}
+    assert step["output"]["until"].endswith("Z")
+
+    sent = await signal(api, "order.paid", {"order_id": "o1", "amount": 42})
+    assert sent["id"].startswith("sig_") and sent["matched"] == 1 and sent["run_id"] is None
+    done = await api.wait(first)
+    assert done["status"] == "completed", done
+    paid = done["output"]["paid"]
+    assert (paid["signal"], paid["id"], paid["data"]) == (
+        "order.paid",
+        sent["id"],
+        {"order_id": "o1", "amount": 42},
+    )
+    assert paid["received_at"] == sent["created_at"]
+    assert (await waiting(api, second))["status"] == "running"  # o2 still waits
+    assert (await signal(api, "order.paid", {"order_id": 3}))["matched"] == 0  # no match
+    assert (await signal(api, "order.shipped", {"order_id": "o2"}))["matched"] == 0
+    assert (await signal(api, "order.paid", {"order_id": "o2"}, who="other"))["matched"] == 0
+    assert (await signal(api, "order.paid", {"order_id": "o2"}))["matched"] == 1
+    assert (await api.wait(second))["status"] == "completed"
+
+
+async def test_a_signal_to_one_run_ignores_match_and_a_finished_run_refuses_it(api: Api) -> None:
+    flow_id = await api.create_flow(order_flow())
+    run_id = await api.execute(flow_id, {"order_id": "o1"})
+    await waiting(api, run_id)
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/signal", {"name": "order.paid", "data": {}})
+    assert r.status_code == 202 and r.json()["matched"] == 1 and r.json()["run_id"] == run_id
+    done = await api.wait(run_id)
+    assert done["status"] == "completed" and done["output"]["paid"]["data"] == {}
+    again = await api.post(f"/api/v1/flows/runs/{run_id}/signal", {"name": "order.paid"})
+    assert again.status_code == 409 and again.json()["code"] == "run_finished"
+    unknown = await api.post("/api/v1/flows/runs/run_nope/signal", {"name": "order.paid"})
+    assert unknown.status_code == 404
+    other = await api.post(f"/api/v1/flows/runs/{run_id}/signal", {"name": "x"}, who="other")
+    assert other.status_code == 404
+
+
+async def test_a_signal_sent_before_the_run_reaches_its_wait_still_counts(api: Api) -> None:
+    """The race a fast sender and a slow run would lose: the signal comes while the run is
+    still in an earlier step. A signal sent before the run was queued does not count."""
+    flow = order_flow(timeout_seconds=0.5, on_timeout="continue")
+    flow["steps"].insert(0, {"id": "slow", "type": "delay", "seconds": 0.4})
+    flow_id = await api.create_flow(flow)
+    stale = await signal(api, "order.paid", {"order_id": "early"})
+    assert stale["matched"] == 0
+    late = await api.execute(flow_id, {"order_id": "early"})
+    run_id = await api.execute(flow_id, {"order_id": "o9"})
+    sent = await signal(api, "order.paid", {"order_id": "o9"})
+    assert sent["matched"] == 0  # nobody waits yet
+    r = await api.post(f"/api/v1/flows/runs/{late}/signal", {"name": "other", "data": {}})
+    assert r.status_code == 202 and r.json()["matched"] == 0
+    done = await api.wait(run_id)
+    assert done["status"] == "completed" and done["output"]["paid"]["id"] == sent["id"]
+    timed_out = await api.wait(late)  # the stale signal was not taken: its wait timed out
+    assert timed_out["status"] == "completed" and timed_out["output"]["paid"] is None
+
+
+async def test_the_same_signal_id_twice_is_one_signal(api: Api) -> None:
+    flow = order_flow()
+    flow["steps"].insert(1, {**flow["steps"][0], "id": "paid_again"})
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {"order_id": "o1"})
+    await waiting(api, run_id)
+    first = await signal(api, "order.paid", {"order_id": "o1"}, id="psp-evt-1")
+    assert first["matched"] == 1
+    await waiting(api, run_id, "paid_again")  # one signal resumes one wait step of a run
+    again = await signal(api, "order.paid", {"order_id": "o1"}, id="psp-evt-1")
+    assert (again["id"], again["matched"]) == (first["id"], 0)
+    await asyncio.sleep(0.3)
+    assert (await waiting(api, run_id, "paid_again"))["status"] == "running"
+    second = await signal(api, "order.paid", {"order_id": "o1"}, id="psp-evt-2")
+    assert second["matched"] == 1
+    done = await api.wait(run_id)
+    assert done["status"] == "completed"
+    steps = {s["id"]: s["output"]["id"] for s in done["steps"] if s["type"] == "wait"}
+    assert steps == {"paid": first["id"], "paid_again": second["id"]}
+
+
+async def test_a_wait_that_times_out_fails_or_continues(api: Api) -> None:
+    failing = await api.create_flow(order_flow(timeout_seconds=0.3))
+    failed = await api.wait(await api.execute(failing, {"order_id": "o1"}))
+    assert failed["status"] == "failed"
+    assert failed["error"]["type"] == "wait_timeout" and failed["error"]["step"] == "paid"
+    assert "'order.paid'" in failed["error"]["message"]
+    assert [s["status"] for s in failed["steps"]] == ["failed"]
+    going_on = await api.create_flow(order_flow(timeout_seconds=0.3, on_timeout="continue"))
+    done = await api.wait(await api.execute(going_on, {"order_id": "o1"}))
+    assert done["status"] == "completed" and done["output"] == {"paid": None}
+    # a signal after the timeout resumes nothing
+    assert (await signal(api, "order.paid", {"order_id": "o1"}))["matched"] == 0
+
+
+async def test_a_cancelled_waiting_run_is_not_matched(api: Api) -> None:
+    flow_id = await api.create_flow(order_flow())
+    run_id = await api.execute(flow_id, {"order_id": "o1"})
+    await waiting(api, run_id)
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"  # nobody held it
+    assert (await signal(api, "order.paid", {"order_id": "o1"}))["matched"] == 0
+
+
+async def test_refusals(api: Api) -> None:
+    r = await api.post("/api/v1/flows", {"name": "x", "steps": [{"id": "w", "type": "wait"}]})
+    assert r.status_code == 400 and "signal" in r.json()["error"], r.text
+    bad_timeout = {"id": "w", "type": "wait", "signal": "s", "on_timeout": "approve"}
+    r = await api.post("/api/v1/flows", {"name": "x", "steps": [bad_timeout]})
+    assert r.status_code == 400 and "on_timeout" in r.json()["error"], r.text
+    for body in (
+        {},
+        {"name": ""},
+        {"name": "x" * 201},
+        {"name": "a", "data": [1]},
+        {"name": "a", "id": ""},
+        {"name": "a", "extra": 1},
+    ):
+        r = await api.post("/api/v1/signals", body)
+        assert r.status_code in (400, 422) and "error" in r.json(), (body, r.text)
