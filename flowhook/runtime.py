@@ -41,6 +41,7 @@ class Runtime:
             allow_private_targets=settings.allow_private_targets,
             max_step_output_bytes=settings.max_step_output_bytes,
             plugins=settings.plugin_modules,
+            public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
         )
         self.dispatcher = Dispatcher(
             db,

@@ -13,7 +13,16 @@ from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
 from flowhook.api.responses import ORJSONResponse
-from flowhook.api.routes import flows, hooks, runs, schedules, signals, system, webhooks
+from flowhook.api.routes import (
+    approvals,
+    flows,
+    hooks,
+    runs,
+    schedules,
+    signals,
+    system,
+    webhooks,
+)
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
 from flowhook.gctune import tune_for_server
@@ -23,6 +32,7 @@ from flowhook.service.auth import RevocationWatch
 from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
+from flowhook.web import approvals as web_approvals
 from flowhook.web import routes as web_routes
 from flowhook.web.security import PAGE_HEADERS
 
@@ -97,6 +107,8 @@ def create_app(
     app.include_router(hooks.router, prefix="/api/v1")
     app.include_router(schedules.router, prefix="/api/v1")
     app.include_router(signals.router, prefix="/api/v1")
+    app.include_router(approvals.router, prefix="/api/v1")
+    app.include_router(web_approvals.router)
     app.include_router(web_routes.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)

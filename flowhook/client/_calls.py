@@ -7,7 +7,7 @@ from typing import Any
 from flowhook.client._core import Call
 
 __all__ = [
-    "execute", "get_run", "list_runs", "cancel", "rerun", "send_signal", "create_flow", "update_flow", "get_flow",
+    "execute", "get_run", "list_runs", "cancel", "rerun", "send_signal", "decide", "create_flow", "update_flow", "get_flow",
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
     "create_hook", "create_schedule", "list_schedules",
 ]  # fmt: skip
@@ -55,6 +55,12 @@ def send_signal(name: str, data: dict[str, Any] | None, id: str | None, run_id: 
     if id is not None:
         body["id"] = id
     return Call("POST", "/signals", json=body)
+
+
+def decide(run_id: str, step_id: str, approve: bool, comment: str | None) -> Call:
+    action = "approve" if approve else "reject"
+    body = {"comment": comment} if comment is not None else {}
+    return Call("POST", f"/flows/runs/{run_id}/steps/{step_id}/{action}", json=body)
 
 
 def create_flow(definition: dict[str, Any]) -> Call:

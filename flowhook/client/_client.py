@@ -108,6 +108,14 @@ class Client:
         call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
         return RunAccepted(**self._send(call))
 
+    def approve(self, run_id: str, step_id: str, comment: str | None = None) -> dict[str, Any]:
+        """Approve a run's ``approval`` step (409 once it is decided)."""
+        return dict(self._send(calls.decide(run_id, step_id, True, comment)))
+
+    def reject(self, run_id: str, step_id: str, comment: str | None = None) -> dict[str, Any]:
+        """Reject a run's ``approval`` step (409 once it is decided)."""
+        return dict(self._send(calls.decide(run_id, step_id, False, comment)))
+
     def send_signal(
         self,
         name: str,
@@ -238,6 +246,14 @@ class AsyncClient:
     ) -> RunAccepted:
         call = calls.rerun(run_id, from_step, flow_version, payload, idempotency_key)
         return RunAccepted(**await self._send(call))
+
+    async def approve(
+        self, run_id: str, step_id: str, comment: str | None = None
+    ) -> dict[str, Any]:
+        return dict(await self._send(calls.decide(run_id, step_id, True, comment)))
+
+    async def reject(self, run_id: str, step_id: str, comment: str | None = None) -> dict[str, Any]:
+        return dict(await self._send(calls.decide(run_id, step_id, False, comment)))
 
     async def send_signal(
         self,

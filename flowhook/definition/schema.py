@@ -81,6 +81,25 @@ _STEPS: dict[str, tuple[list[str], dict[str, Any]]] = {
             "on_timeout": {"enum": ["fail", "continue"]},
         },
     ),
+    "approval": (
+        [],
+        {
+            "message": {
+                "type": "string",
+                "maxLength": 2000,
+                "description": "What the person is asked (templated).",
+            },
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 2592000,
+                "description": "How long the links and the request last; default: until "
+                "the run's own timeout.",
+            },
+            "on_timeout": {"enum": ["fail", "approve", "reject"]},
+            "on_reject": {"enum": ["fail", "continue"]},
+        },
+    ),
 }
 
 STEP_TYPES = tuple(_STEPS)

@@ -41,6 +41,7 @@ from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.engine.steps.base import error as failure
 from flowhook.engine.steps.wait import WaitStep
 from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_event
+from flowhook.store import approvals as approvals_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import signals as signals_store
@@ -168,7 +169,10 @@ class Executor:
         cache_size: int = 1024,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         apply: Callable[[runs_store.Progress], Awaitable[bool]] | None = None,
+        public_url: str = "http://127.0.0.1:8080",
     ) -> None:
+        self._public_url = public_url.rstrip("/")
+        """Where people reach this service: approval links start with it."""
         self._apply = apply or self._apply_alone
         self._db = db
         self._clock = clock
@@ -379,6 +383,8 @@ class Executor:
         sleeps again. A ``wait`` step is done when a signal came or its time is up."""
         if prior.type == "wait":
             return await self._wake_wait(state, prior, now)
+        if prior.type == "approval":
+            return await self._wake_approval(state, prior, now)
         until = _parse_time(prior.output["until"])
         if now < until:
             return await self._release(state, min(until, state.deadline))
@@ -449,6 +455,8 @@ class Executor:
         finished = self._clock.now()
         if outcome.action == "signal":
             return await self._park(state, attempt, outcome)
+        if outcome.action == "approval":
+            return await self._ask(state, attempt, outcome)
         if outcome.action == "wait" and outcome.wait_until is not None:
             state.pending.steps.append(
                 RunStep(
@@ -612,6 +620,100 @@ class Executor:
         self._record(state, replace(ended, status=StepStatus.FAILED, error=error))
         state.idx += 1
         return await self._go_on(state, step, Outcome(error=error, action="fail"))
+
+    # -- approval: a step that sleeps until a person decides ----------------------------------
+
+    async def _ask(self, state: _InFlight, attempt: _Attempt, outcome: Outcome) -> RunStatus:
+        """An ``approval`` step reached: make its two single-use links, raise
+        ``flow.approval_requested`` with them, and sleep without a lease until a decision
+        wakes the run or the request expires. The request (links hashed), the event and the
+        step's ``waiting`` record are one commit."""
+        run, step = state.run, attempt.step
+        now = self._clock.now()
+        approve, reject = approvals_store.new_token(), approvals_store.new_token()
+        until = outcome.wait_until
+        message = outcome.output["message"]
+        request = approvals_store.Approval(
+            run.run_id, attempt.idx, run.workspace_id, run.mode, step.id, message, now, until
+        )
+        payload = {
+            "step_id": step.id,
+            "message": message,
+            "approve_url": f"{self._public_url}/approvals/{approve}",
+            "reject_url": f"{self._public_url}/approvals/{reject}",
+            "expires_at": isoformat(until) if until else None,
+        }
+        state.pending.events.append(run_event(run, "flow.approval_requested", payload, now))
+        state.pending.steps.append(
+            RunStep(
+                idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
+                attempts=attempt.number, started_at=attempt.started, output=outcome.output,
+            )
+        )  # fmt: skip
+        wake = min(until or state.deadline, state.deadline)
+        async with self._db.transaction() as conn:
+            await approvals_store.insert(
+                conn,
+                request,
+                approve_hash=approvals_store.token_hash(approve),
+                reject_hash=approvals_store.token_hash(reject),
+            )
+            progress = self._progress(state, **_released(wake))
+            [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+            if not ok:
+                raise runs_store.LeaseLost(run.run_id)
+        state.pending = _Pending()
+        run.status = RunStatus.RUNNING
+        return RunStatus.RUNNING
+
+    async def _wake_approval(
+        self, state: _InFlight, prior: RunStep, now: datetime
+    ) -> RunStatus | None:
+        """A sleeping ``approval`` step's run was claimed: decided (approved or rejected),
+        expired (``on_timeout`` decides, recorded so a late click no longer counts), or woken
+        early (it sleeps again)."""
+        step = state.flow.steps[state.idx]
+        on_timeout = getattr(step, "on_timeout", "fail")
+        async with self._db.transaction() as conn:
+            request = await approvals_store.get(conn, state.run.run_id, state.idx)
+            if request is not None and request.decision is None and request.expired(now):
+                decision = {"approve": "approved", "reject": "rejected"}.get(on_timeout, "timeout")
+                await approvals_store.decide(
+                    conn, request, decision, by="timeout", comment=None, now=now,
+                    before_expiry=False,
+                )  # fmt: skip
+                request = await approvals_store.get(conn, state.run.run_id, state.idx)
+        if request is None or request.decision is None:
+            until = prior.output.get("until")
+            wake = min(_parse_time(until), state.deadline) if until else state.deadline
+            return await self._release(state, wake)
+        output = {
+            "approved": request.decision == "approved",
+            "decided_by": request.decided_by,
+            "comment": request.comment,
+            "decided_at": isoformat(request.decided_at) if request.decided_at else None,
+        }
+        ended = replace(
+            prior,
+            finished_at=now,
+            duration_ms=elapsed_ms(prior.started_at or now, now),
+            output=output,
+        )
+        error: dict[str, Any] | None = None
+        if request.decision == "timeout":
+            seconds = getattr(step, "timeout_after", None) or 0
+            error = {"type": "approval_timeout", "message": f"nobody decided within {seconds:g} s"}
+        elif request.decision == "rejected" and getattr(step, "on_reject", "fail") == "fail":
+            by = f" by {request.decided_by}" if request.decided_by else ""
+            why = f": {request.comment}" if request.comment else ""
+            error = {"type": "rejected", "message": f"rejected{by}{why}"}
+        if error is not None:
+            self._record(state, replace(ended, status=StepStatus.FAILED, error=error))
+            state.idx += 1
+            return await self._go_on(state, step, Outcome(error=error, action="fail"))
+        self._record(state, replace(ended, status=StepStatus.COMPLETED))
+        state.idx += 1
+        return await self._go_on(state, step, Outcome(output=output))
 
     async def _signalled(
         self, state: _InFlight, record: RunStep, signal: signals_store.Signal

@@ -82,6 +82,7 @@ class Worker(Consumer):
         max_step_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         plugins: list[str] | None = None,
         owner: str | None = None,
+        public_url: str = "http://127.0.0.1:8080",
     ) -> None:
         super().__init__(
             db,
@@ -107,7 +108,9 @@ class Worker(Consumer):
             max_claims=max_claims,
             max_output_bytes=max_step_output_bytes,
             apply=self._writes.submit,
+            public_url=public_url,
         )
+        self._public_url = public_url
 
     async def open(self) -> None:
         """Create the shared HTTP session (without starting the loops; tests drive run_once)."""
@@ -123,6 +126,7 @@ class Worker(Consumer):
                 max_claims=self._max_claims,
                 max_output_bytes=self._max_output,
                 apply=self._writes.submit,
+                public_url=self._public_url,
             )
 
     async def _commit_progress(self, batch: Sequence[runs_store.Progress]) -> list[bool]:

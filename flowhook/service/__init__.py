@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flowhook.clock import Clock
 from flowhook.config import Settings
+from flowhook.service.approvals import ApprovalService
 from flowhook.service.auth import KeyService, Principal
 from flowhook.service.flows import FlowService
 from flowhook.service.hooks import HookService
@@ -37,6 +38,7 @@ class Services:
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
         self.signals = SignalService(db, clock)
+        self.approvals = ApprovalService(db, clock)
         self.schedules = ScheduleService(
             db,
             clock,

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import RunStatus
 from flowhook.store.tables import (
+    approvals,
     deliveries,
     delivery_attempts,
     events,
@@ -50,6 +51,7 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     await conn.execute(delete(run_steps).where(run_steps.c.run_id.in_(ids)))
     await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))
     await conn.execute(delete(waits).where(waits.c.run_id.in_(ids)))
+    await conn.execute(delete(approvals).where(approvals.c.run_id.in_(ids)))
     await conn.execute(delete(runs).where(runs.c.run_id.in_(ids)))
     return len(ids)
 

@@ -40,6 +40,7 @@ __all__ = [
     "schedules",
     "signals",
     "waits",
+    "approvals",
 ]
 
 metadata = MetaData(
@@ -377,4 +378,24 @@ waits = Table(
         postgresql_where=text("resolved_at IS NULL"),
         sqlite_where=text("resolved_at IS NULL"),
     ),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    # One row per ``approval`` step a run has reached, and its decision once made.
+    Column("run_id", String(40), primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    *_scope(),
+    Column("step_id", String(64), nullable=False),
+    # SHA-256 of the approve and reject links' secrets (the links are single use)
+    Column("approve_hash", String(64), nullable=False, unique=True),
+    Column("reject_hash", String(64), nullable=False, unique=True),
+    Column("message", Text, nullable=False),
+    _at("created_at"),
+    _at("expires_at", required=False),
+    Column("decision", String(16)),  # approved, rejected, timeout
+    Column("decided_by", String(200)),
+    Column("comment", Text),
+    _at("decided_at", required=False),
 )

@@ -19,7 +19,7 @@ from starlette.responses import RedirectResponse, Response
 
 from flowhook.api.deps import ServicesDep
 from flowhook.clock import isoformat
-from flowhook.errors import Forbidden, InvalidInput, NotFound, Unauthenticated
+from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import EVENT_TYPES
 from flowhook.service import Principal, Services
 from flowhook.signing import build_headers, new_secret
@@ -431,6 +431,22 @@ async def run_cancel(run_id: str, p: Page = PageDep) -> Response:
     await p.form()
     await p.services.runs.cancel(p.who, run_id)
     return redirect(f"/runs/{run_id}?notice=Cancel+requested")
+
+
+@router.post("/runs/{run_id}/steps/{step_id}/decide")
+async def run_decide(run_id: str, step_id: str, p: Page = PageDep) -> Response:
+    """Approve or reject a run's ``approval`` step from its page."""
+    fields = await p.form()
+    approve = first(fields, "decision") == "approve"
+    try:
+        await p.services.approvals.decide(
+            p.who, run_id, step_id, approve=approve, comment=first(fields, "comment") or None,
+            by=f"the settings screen (key {p.who.key_id})",
+        )  # fmt: skip
+    except (Conflict, InvalidInput) as exc:
+        return await _run_page(p, run_id, 409 if isinstance(exc, Conflict) else 400, exc.message)
+    notice = f"Step {step_id} {'approved' if approve else 'rejected'}"
+    return redirect(f"/runs/{run_id}?" + urlencode({"notice": notice}))
 
 
 @router.post("/runs/{run_id}/rerun")

@@ -303,3 +303,62 @@ def test_rerun_from_the_run_page(app: Server, receiver: str, page: Any) -> None:
     assert sent.json()["matched"] == 1
     page.wait_for_selector("#run-status[data-status=completed]")  # the page refreshes itself
     api.close()
+
+
+def test_approve_from_the_run_page_and_by_link(app: Server, page: Any) -> None:
+    """Approve from the run page; then open an approval link (the GET decides nothing) and
+    confirm with the button."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Refund",
+        "steps": [
+            {"id": "manager", "type": "approval", "message": "Refund {{ payload.amount }} EUR?",
+             "timeout_seconds": 3600},
+            {"id": "pay", "type": "transform", "output": {"paid": True}},
+        ],
+    }  # fmt: skip
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+
+    def requested(run_id: str) -> dict[str, Any]:
+        for _ in range(200):
+            for e in api.get(f"/api/v1/flows/runs/{run_id}/events").json()["data"]:
+                if e["event"] == "flow.approval_requested":
+                    return dict(e["body"]["payload"])
+            time.sleep(0.05)
+        raise AssertionError("no approval was requested")
+
+    body = {"flow_id": flow_id, "payload": {"amount": 120}}
+    by_page = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    requested(by_page)
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{by_page}")
+    assert "Refund 120 EUR?" in page.inner_text(".waitfor")
+    page.fill("textarea[name=comment]", "checked the invoice")
+    shot(page, "19-run-approval")
+    page.click("form.decide button[value=approve]")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    assert "Approved by the settings screen" in page.inner_text(".timeline")
+    assert "checked the invoice" in page.inner_text(".timeline")
+    shot(page, "20-run-approved")
+
+    by_link = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    links = requested(by_link)
+    page.goto(links["approve_url"].replace("http://127.0.0.1:8080", app.base))
+    assert "Approve?" in page.inner_text("h1") and "Refund 120 EUR?" in page.inner_text("main")
+    shot(page, "21-approval-link")
+    time.sleep(0.3)
+    assert api.get(f"/api/v1/flows/runs/{by_link}").json()["status"] == "running"
+    page.click("#decide")
+    assert page.inner_text("h1") == "Approved"
+    shot(page, "22-approval-link-decided")
+    for _ in range(200):
+        if api.get(f"/api/v1/flows/runs/{by_link}").json()["status"] == "completed":
+            break
+        time.sleep(0.05)
+    run = api.get(f"/api/v1/flows/runs/{by_link}").json()
+    assert run["status"] == "completed" and run["steps"][0]["output"]["decided_by"] == "link"
+    page.goto(links["reject_url"].replace("http://127.0.0.1:8080", app.base))
+    assert "Already decided" in page.inner_text("main")  # single use: both links are spent
+    api.close()

@@ -105,10 +105,12 @@ def test_kill_9_then_restart_completes_the_run(
     ]
 
 
-def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -> None:
-    """Runs wait for signals; the engine's process is killed; signals sent while it is down
-    (through a second, API-only process) and one sent before the kill resume each run exactly
-    once after the restart, and the runs no signal matched still wait."""
+def test_kill_9_while_runs_wait_for_signals_and_approvals(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Runs wait for signals and approvals; the engine's process is killed; signals and
+    decisions sent while it is down (through a second, API-only process) resume each run
+    exactly once after the restart, and the run no signal matched still waits."""
     marks = tmp_path / "marks"
     marks.mkdir()
     env = {
@@ -143,8 +145,22 @@ def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -
                 for i in range(6)
             ]
 
+            approval = {
+                "name": "ask",
+                "steps": [
+                    {"id": "first", "type": "python", "function": "count"},
+                    {"id": "ok", "type": "approval", "message": "go?"},
+                    {"id": "after", "type": "python", "function": "count"},
+                ],
+            }
+            ask_id = client.post("/api/v1/flows", json=approval).json()["flow_id"]
+            asks = [
+                client.post("/api/v1/flows/execute", json={"flow_id": ask_id}).json()["run_id"]
+                for _ in range(2)
+            ]
+
             def all_waiting() -> bool:
-                runs = [client.get(f"/api/v1/flows/runs/{r}").json() for r in ids]
+                runs = [client.get(f"/api/v1/flows/runs/{r}").json() for r in ids + asks]
                 return all(
                     len(r["steps"]) == 2 and r["steps"][1]["status"] == "waiting" for r in runs
                 )
@@ -167,6 +183,12 @@ def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -
         assert send(client, "o0", id="evt-0")["matched"] == 0  # the same signal again
         r = client.post(f"/api/v1/flows/runs/{ids[4]}/signal", json={"name": "order.paid"})
         assert r.json()["matched"] == 1
+        r = client.post(f"/api/v1/flows/runs/{asks[0]}/steps/ok/approve", json={})
+        assert r.status_code == 200 and r.json()["approved"] is True
+        r = client.post(f"/api/v1/flows/runs/{asks[1]}/steps/ok/reject", json={"comment": "no"})
+        assert r.status_code == 200
+        again = client.post(f"/api/v1/flows/runs/{asks[0]}/steps/ok/reject", json={})
+        assert again.status_code == 409
         time.sleep(0.5)  # nothing runs them: no engine
         assert all(
             client.get(f"/api/v1/flows/runs/{r}").json()["steps"][1]["status"] == "waiting"
@@ -183,6 +205,12 @@ def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -
             return runs if sum(r["status"] == "completed" for r in runs) == 5 else None
 
         runs = wait_for(five_done, timeout=30)
+
+        def both_decided() -> list[dict[str, Any]] | None:
+            found = [client.get(f"/api/v1/flows/runs/{a}").json() for a in asks]
+            return found if all(r["status"] in ("completed", "failed") for r in found) else None
+
+        decided = wait_for(both_decided, timeout=30)
         time.sleep(0.5)
         assert client.get(f"/api/v1/flows/runs/{ids[5]}").json()["status"] == "running"
     for run_id, run in zip(ids[:5], runs[:5], strict=True):
@@ -190,3 +218,7 @@ def test_kill_9_while_runs_wait_for_signals(tmp_path: Path, database_url: str) -
         assert counts(marks, run_id) == {"first": 1, "after": 1}
     assert [r["steps"][1]["output"]["id"] for r in runs[:4]] == [s["id"] for s in sent]
     assert counts(marks, ids[5]) == {"first": 1}
+    assert [r["status"] for r in decided] == ["completed", "failed"]
+    assert decided[1]["error"]["type"] == "rejected"
+    assert counts(marks, asks[0]) == {"first": 1, "after": 1}
+    assert counts(marks, asks[1]) == {"first": 1}

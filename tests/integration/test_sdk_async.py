@@ -57,3 +57,23 @@ async def test_async_client_sends_signals(api: Api) -> None:
         assert sent["matched"] == 1 and sent["run_id"] == accepted.run_id
         done = await client.wait(accepted.run_id, interval=0.02, max_attempts=200)
         assert done.status == "completed" and done.steps[0]["output"]["id"] == sent["id"]
+
+
+async def test_async_client_approves_and_rejects(api: Api) -> None:
+    transport = httpx.ASGITransport(app=api.app)
+    async with AsyncClient("http://flowhook.test", api.keys["test"], transport=transport) as client:
+        flow = await client.create_flow(
+            {"name": "a", "steps": [{"id": "ok", "type": "approval", "on_reject": "continue"}]}
+        )
+        first = (await client.execute(flow["flow_id"])).run_id
+        second = (await client.execute(flow["flow_id"])).run_id
+        for run_id in (first, second):
+            for _ in range(200):
+                run = await client.get_run(run_id)
+                if run.steps and run.steps[0]["status"] == "waiting":
+                    break
+                await asyncio.sleep(0.02)
+        assert (await client.approve(first, "ok", "yes"))["approved"] is True
+        assert (await client.reject(second, "ok"))["approved"] is False
+        done = await client.wait(first, interval=0.02, max_attempts=200)
+        assert done.steps[0]["output"]["comment"] == "yes"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowhook.engine.steps.approval import ApprovalStep
 from flowhook.engine.steps.base import Context, Outcome, Step, StepEnv
 from flowhook.engine.steps.condition import ConditionStep
 from flowhook.engine.steps.delay import DelayStep
@@ -23,6 +24,7 @@ _TYPES: dict[str, Any] = {
     "delay": DelayStep,
     "python": PythonStep,
     "wait": WaitStep,
+    "approval": ApprovalStep,
 }
 
 
