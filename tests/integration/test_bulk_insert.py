@@ -19,7 +19,16 @@ from sqlalchemy import Column, Enum, MetaData, Numeric, String, Table
 from flowhook.store import bulk
 from flowhook.store import tables as store_tables
 from flowhook.store.db import Database
-from flowhook.store.tables import deliveries, delivery_attempts, events, run_steps, runs
+from flowhook.store.tables import (
+    approvals,
+    deliveries,
+    delivery_attempts,
+    events,
+    run_steps,
+    runs,
+    signals,
+    waits,
+)
 
 STORE = Path(bulk.__file__).parent
 
@@ -86,6 +95,37 @@ async def _write(db: Database) -> None:
             ],
         )  # fmt: skip
     await _write_deliveries(db)
+    await _write_waiting(db)
+
+
+async def _write_waiting(db: Database) -> None:
+    """As signals, ``wait`` steps and ``approval`` steps write them."""
+    async with db.transaction() as conn:
+        await bulk.insert(conn, signals, [
+            {"id": f"sig_{i}", "workspace_id": "ws_1", "mode": "test", "name": "order.paid",
+             "data": {"order_id": f"o{i}", "amount": 2.5, "note": "é ✓", "none": None},
+             "run_id": "run_1" if i else None, "dedup_key": None if i else "evt-0",
+             "created_at": NOW.astimezone(ELSEWHERE)}
+            for i in range(2)
+        ])  # fmt: skip
+        rows = [
+            {"run_id": f"run_{i}", "idx": 1, "workspace_id": "ws_1", "mode": "test",
+             "name": "order.paid", "match_keys": '["order_id"]', "match_digest": "ab" * 32,
+             "created_at": NOW, "until": None if i else NOW.astimezone(ELSEWHERE),
+             "signal_id": None, "resolved_at": None}
+            for i in range(2)
+        ]  # fmt: skip
+        await bulk.insert(conn, waits, rows)
+        await bulk.insert(conn, waits, rows[:1], update_on_conflict=("run_id", "idx"))
+        await bulk.update(
+            conn, waits, [({"signal_id": "sig_0", "resolved_at": NOW}, {"run_id": "run_0", "idx": 1})]
+        )  # fmt: skip
+        await bulk.insert(conn, approvals, [
+            {"run_id": "run_1", "idx": 2, "workspace_id": "ws_1", "mode": "test",
+             "step_id": "manager", "message": "Refund 40 € ?", "created_at": NOW,
+             "expires_at": NOW.astimezone(ELSEWHERE), "approve_hash": "a" * 64,
+             "reject_hash": "b" * 64}
+        ])  # fmt: skip
 
 
 def _deliveries() -> list[dict[str, Any]]:
@@ -143,7 +183,10 @@ async def _write_deliveries(db: Database) -> None:
         )  # fmt: skip
 
 
-WRITTEN = ("runs", "run_steps", "events", "deliveries", "delivery_attempts")
+WRITTEN = (
+    *("runs", "run_steps", "events", "deliveries", "delivery_attempts"),
+    *("signals", "waits", "approvals"),
+)
 """The tables the comparison writes: every one the store writes through ``bulk``."""
 
 
