@@ -411,18 +411,28 @@ def deliveries_replay(delivery_id: str, as_json: JsonOpt = False) -> None:
 
 @hooks.command("create")
 def hooks_create(
-    flow_id: str,
+    flow_id: Annotated[
+        str | None, typer.Argument(help="The flow each POST starts a run of.", show_default=False)
+    ] = None,
+    signal: Annotated[
+        str | None,
+        typer.Option("--signal", help="Instead of a flow: each POST sends this signal."),
+    ] = None,
     verify: Annotated[str | None, typer.Option("--verify", help="hmac or standard")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Make a public URL whose POSTs start runs of FLOW."""
+    """Make a public URL whose POSTs start runs of FLOW_ID, or send a signal (--signal NAME)
+    with the POST's body as its data."""
+    if (flow_id is None) == (signal is None):
+        raise typer.BadParameter("give a FLOW_ID or --signal NAME (one of the two)")
     with client() as c:
-        h = c.create_hook(flow_id, {"type": verify} if verify else None)
+        h = c.create_hook(flow_id, {"type": verify} if verify else None, signal=signal)
+    does = f"sends signal {h['signal']}" if h.get("signal") else f"starts runs of {h['flow_id']}"
     shown(
         h,
         as_json,
         lambda: (
-            f"{h['id']}\nPOST {h['url']}"
+            f"{h['id']} ({does})\nPOST {h['url']}"
             + (f"\nsecret: {h['verify']['secret']}" if h.get("verify") else "")
         ),
     )

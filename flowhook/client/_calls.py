@@ -99,8 +99,13 @@ def replay_delivery(delivery_id: str) -> Call:
     return Call("POST", f"/webhooks/deliveries/{delivery_id}/replay")
 
 
-def create_hook(flow_id: str, verify: dict[str, Any] | None) -> Call:
-    return Call("POST", "/hooks", json={"flow_id": flow_id, "verify": verify})
+def create_hook(flow_id: str | None, verify: dict[str, Any] | None, signal: str | None) -> Call:
+    body: dict[str, Any] = {"verify": verify}
+    if signal is not None:
+        body["signal"] = signal
+    if flow_id is not None or signal is None:
+        body["flow_id"] = flow_id
+    return Call("POST", "/hooks", json=body)
 
 
 def create_schedule(flow_id: str, cron: str, timezone: str, payload: dict[str, Any] | None) -> Call:

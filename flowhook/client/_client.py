@@ -156,9 +156,16 @@ class Client:
     def replay_delivery(self, delivery_id: str) -> dict[str, Any]:
         return dict(self._send(calls.replay_delivery(delivery_id)))
 
-    def create_hook(self, flow_id: str, verify: dict[str, Any] | None = None) -> dict[str, Any]:
-        """An inbound hook: a public URL whose POSTs start runs of ``flow_id``."""
-        return dict(self._send(calls.create_hook(flow_id, verify)))
+    def create_hook(
+        self,
+        flow_id: str | None = None,
+        verify: dict[str, Any] | None = None,
+        *,
+        signal: str | None = None,
+    ) -> dict[str, Any]:
+        """An inbound hook: a public URL whose POSTs start runs of ``flow_id``, or (with
+        ``signal`` instead) send that signal with the body as its data."""
+        return dict(self._send(calls.create_hook(flow_id, verify, signal)))
 
     def create_schedule(
         self, flow_id: str, cron: str, timezone: str = "UTC", payload: dict[str, Any] | None = None

@@ -484,9 +484,12 @@ class Executor:
         state.idx += 1
         return await self._go_on(state, attempt.step, outcome)
 
-    async def _go_on(self, state: _InFlight, step: Step, outcome: Outcome) -> RunStatus | None:
+    async def _go_on(
+        self, state: _InFlight, step: Step, outcome: Outcome, *, durable: bool = False
+    ) -> RunStatus | None:
         """After a step's result: follow its ``action`` (fail, end, goto, continue) and commit
-        the result of a step that is not pure, unless the next step's start will carry it."""
+        the result of a step that is not pure, unless the next step's start will carry it or
+        the result is ``durable`` already (stored where a resumed run finds it again)."""
         if outcome.action == "fail":
             error = dict(outcome.error or {"type": "fail", "message": "step failed"})
             error["step"] = step.id
@@ -500,7 +503,8 @@ class Executor:
             state.skip_to = outcome.target
         steps = state.flow.steps
         following = steps[state.idx] if state.idx < len(steps) else None
-        if not step.pure and not (state.skip_to is None and following and following.external):
+        carried = state.skip_to is None and following is not None and following.external
+        if not step.pure and not durable and not carried:
             await self._commit(state)
         # else the commit that records the next step's start records this result too
         return None
@@ -600,9 +604,14 @@ class Executor:
         ``on_timeout`` says), or woken early (it sleeps again)."""
         run, step = state.run, state.flow.steps[state.idx]
         name = prior.output["signal"]
-        async with self._db.transaction() as conn:
-            await signals_store.lock_name(conn, run.workspace_id, run.mode, name)
-            done, signal = await signals_store.resolve_wait(conn, run.run_id, state.idx, now)
+        # Most wake-ups are by a signal, which a read finds: no lock and no write for it.
+        async with self._db.read() as conn:
+            signal = await signals_store.taken(conn, run.run_id, state.idx)
+        done = signal is not None
+        if signal is None:
+            async with self._db.transaction() as conn:
+                await signals_store.lock_name(conn, run.workspace_id, run.mode, name)
+                done, signal = await signals_store.resolve_wait(conn, run.run_id, state.idx, now)
         if signal is not None:
             return await self._signalled(state, prior, signal)
         if not done:
@@ -713,7 +722,8 @@ class Executor:
             return await self._go_on(state, step, Outcome(error=error, action="fail"))
         self._record(state, replace(ended, status=StepStatus.COMPLETED))
         state.idx += 1
-        return await self._go_on(state, step, Outcome(output=output))
+        # the decision is stored (in ``approvals``): found again after a crash
+        return await self._go_on(state, step, Outcome(output=output), durable=True)
 
     async def _signalled(
         self, state: _InFlight, record: RunStep, signal: signals_store.Signal
@@ -737,7 +747,11 @@ class Executor:
         )
         self._record(state, done)
         state.idx += 1
-        return await self._go_on(state, state.flow.steps[state.idx - 1], Outcome(output=output))
+        # The signal is stored as this step's (in ``waits``): a crash before the next commit
+        # finds it again, so its result needs no commit of its own.
+        return await self._go_on(
+            state, state.flow.steps[state.idx - 1], Outcome(output=output), durable=True
+        )
 
     # -- finish: end the run ---------------------------------------------------------------
 

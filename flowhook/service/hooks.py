@@ -1,12 +1,14 @@
-"""Inbound webhooks: a public URL bound to a flow. Every arrival raises ``webhook.delivered``
-(accepted or not, and why); an accepted one also raises ``webhook.received`` and starts a run
-with trigger ``webhook``, all in one transaction.
+"""Inbound webhooks: a public URL bound to a flow or to a signal name. Every arrival raises
+``webhook.delivered`` (accepted or not, and why); an accepted one also raises
+``webhook.received`` and starts a run with trigger ``webhook`` (a flow's hook) or sends the
+signal with the arrival's body as its ``data`` (a signal's hook), all in one transaction.
 
 The signature is checked before the hook's rate limit is charged, so forged requests cannot
 use up the sender's allowance; refused arrivals have a bucket of their own. A delivery id seen
 before (the hook's ``dedup_header``, or ``webhook-id`` on a Standard Webhooks hook, whose
-signed timestamp bounds how late a copy can come) answers with the run it started, and starts
-no other.
+signed timestamp bounds how late a copy can come) answers with the run it started (or the
+signal it sent), and starts (or sends) no other: a signal's hook gives the signal an ``id``
+derived from the hook and the delivery id, so the signals' own deduplication applies.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, listed
 from flowhook.service.ratelimit import TokenBuckets
+from flowhook.service.signals import Sent, check_name, store_signal
 from flowhook.signing import new_secret, secret_key_bytes, standard_signature
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
@@ -41,6 +44,7 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.hooks import Hook
 from flowhook.store.models import Run, RunStatus
+from flowhook.store.signals import Signal
 
 __all__ = ["HookService", "Arrival", "DEFAULT_RATE_LIMIT"]
 
@@ -52,8 +56,11 @@ _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    run_id: str
+    run_id: str | None
+    """The run it started (a flow's hook)."""
     duplicate: bool
+    sent: Sent | None = None
+    """The signal it sent (a signal's hook): for a duplicate, the first arrival's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,15 +85,28 @@ class HookService:
         self._buckets = TokenBuckets()
 
     async def create(
-        self, who: Principal, *, flow_id: str, verify: dict[str, Any] | None = None,
-        dedup_header: str | None = None, rate_limit: int = DEFAULT_RATE_LIMIT,
+        self, who: Principal, *, flow_id: str | None = None, signal: str | None = None,
+        verify: dict[str, Any] | None = None, dedup_header: str | None = None,
+        rate_limit: int = DEFAULT_RATE_LIMIT,
     ) -> Hook:  # fmt: skip
-        async with self._db.read() as conn:
-            if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
-                raise missing("flow", flow_id)
+        """A hook whose arrivals start runs of ``flow_id``, or send the signal ``signal``
+        (exactly one of the two)."""
+        if (flow_id is None) == (signal is None):
+            raise InvalidInput(
+                "give flow_id (each arrival starts a run of that flow) or signal (each "
+                "arrival sends that signal with the body as its data), not both",
+                field="signal" if signal is not None else "flow_id",
+            )
+        if signal is not None:
+            check_name(signal, "signal")
+        else:
+            assert flow_id is not None
+            async with self._db.read() as conn:
+                if await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id) is None:
+                    raise missing("flow", flow_id)
         hook = Hook(
             new_secret_id("hk"), who.workspace_id, who.mode, flow_id, _check_verify(verify),
-            dedup_header or None, rate_limit, self._clock.now(),
+            dedup_header or None, rate_limit, self._clock.now(), signal=signal,
         )  # fmt: skip
         async with self._db.transaction() as conn:
             await store.insert_hook(conn, hook)
@@ -133,6 +153,7 @@ class HookService:
             old.dedup_header,
             old.rate_limit,
             self._clock.now(),
+            signal=old.signal,
         )
         async with self._db.transaction() as conn:
             await store.insert_hook(conn, hook)
@@ -177,11 +198,12 @@ class HookService:
             raise refused.error from None
         key = _delivery_id(hook, lowered)
         arrival = _Payload(body, content_type, payload, encoded)
+        accept = self._accept if hook.signal is None else self._send
         try:
-            return await self._accept(hook, arrival, key)
+            return await accept(hook, arrival, key)
         except sa_exc.IntegrityError:
             # The same delivery id committed by a concurrent request first: answer as its copy.
-            return await self._accept(hook, arrival, key)
+            return await accept(hook, arrival, key)
 
     async def _record_refusal(
         self, hook: Hook, body: bytes, content_type: str, reason: str
@@ -200,12 +222,45 @@ class HookService:
         accepted: bool,
         reason: str | None,
         run_id: str | None,
+        signal_id: str | None = None,
     ) -> Any:
+        payload = {"hook_id": hook.id, "accepted": accepted, "reason": reason,
+                   "content_type": content_type, "size": len(body)}  # fmt: skip
+        if hook.signal is not None:
+            payload |= {"signal": hook.signal, "signal_id": signal_id}
         return make_event(
             "webhook.delivered", workspace_id=hook.workspace_id, mode=hook.mode, flow_id=hook.flow_id,
-            run_id=run_id, now=self._clock.now(),
-            payload={"hook_id": hook.id, "accepted": accepted, "reason": reason, "content_type": content_type, "size": len(body)},
+            run_id=run_id, now=self._clock.now(), payload=payload,
         )  # fmt: skip
+
+    async def _send(self, hook: Hook, arrival: _Payload, key: str | None) -> Arrival:
+        """A signal's hook: the arrival's body sent as the signal's ``data``, with the events
+        that say so, in one transaction."""
+        assert hook.signal is not None
+        now = self._clock.now()
+        signal = Signal(
+            id=new_id("sig"), workspace_id=hook.workspace_id, mode=hook.mode, name=hook.signal,
+            data=arrival.payload, created_at=now, dedup_key=_signal_key(hook, key),
+        )  # fmt: skip
+        async with self._db.transaction() as conn:
+            sent = await store_signal(conn, signal)
+            sig = sent.signal.id
+            reason = "duplicate delivery id" if sent.duplicate else None
+            events = [
+                self._delivered(
+                    hook, arrival.body, arrival.content_type, not sent.duplicate, reason, None, sig
+                )
+            ]
+            if not sent.duplicate:
+                payload = {"hook_id": hook.id, "signal": hook.signal, "signal_id": sig,
+                           "matched": sent.matched}  # fmt: skip
+                received = make_event(
+                    "webhook.received", workspace_id=hook.workspace_id, mode=hook.mode,
+                    flow_id=None, run_id=None, now=now, payload=payload,
+                )  # fmt: skip
+                events.append(received)
+            await events_store.insert_events(conn, events)
+        return Arrival(None, sent.duplicate, sent)
 
     async def _accept(self, hook: Hook, arrival: _Payload, key: str | None) -> Arrival:
         body, content_type = arrival.body, arrival.content_type
@@ -223,6 +278,7 @@ class HookService:
                         ],
                     )
                     return Arrival(earlier, duplicate=True)
+            assert hook.flow_id is not None
             flow = await flows_store.get_flow(conn, hook.workspace_id, hook.mode, hook.flow_id)
             if flow is None:
                 raise NotFound("the flow of this hook was archived")
@@ -242,6 +298,15 @@ class HookService:
                 conn, [self._delivered(hook, body, content_type, True, None, run.run_id), received]
             )
         return Arrival(run.run_id, duplicate=False)
+
+
+def _signal_key(hook: Hook, key: str | None) -> str | None:
+    """The ``id`` of the signal an arrival with provider delivery id ``key`` sends: the same
+    for every copy of that delivery to this hook (and not guessable from the key alone)."""
+    if key is None:
+        return None
+    digest = hashlib.sha256(f"{hook.id}\n{key}".encode()).hexdigest()
+    return f"hook:{digest}"
 
 
 def _check_verify(verify: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy.exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
 from flowhook.errors import Conflict, InvalidInput
@@ -20,7 +21,7 @@ from flowhook.store import signals as signals_store
 from flowhook.store.db import Database
 from flowhook.store.signals import Signal
 
-__all__ = ["SignalService", "Sent", "MAX_NAME", "MAX_ID"]
+__all__ = ["SignalService", "Sent", "MAX_NAME", "MAX_ID", "check_name", "store_signal"]
 
 MAX_NAME = 200
 MAX_ID = 255
@@ -31,14 +32,32 @@ class Sent:
     signal: Signal
     matched: int
     """How many ``wait`` steps it resumed now (0 for a signal ``id`` sent before)."""
+    duplicate: bool = False
+    """Its ``id`` was sent before: ``signal`` is that first signal, and nothing more was done."""
+
+
+def check_name(name: Any, field: str = "name") -> None:
+    """A signal name: 1 to 200 printable characters, or 400 naming ``field``."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or not name.isprintable():
+        raise InvalidInput(
+            f"{field} must be 1 to {MAX_NAME} printable characters, such as order.paid",
+            field=field,
+        )
+
+
+async def store_signal(conn: AsyncConnection, signal: Signal) -> Sent:
+    """In the caller's write transaction: store ``signal`` and resume the ``wait`` steps it
+    matches; a ``dedup_key`` used before answers the first signal and does nothing."""
+    await signals_store.lock_name(conn, signal.workspace_id, signal.mode, signal.name)
+    earlier = await signals_store.insert_signal(conn, signal)
+    if earlier is not None:
+        return Sent(earlier, 0, duplicate=True)
+    resumed = await signals_store.deliver(conn, signal, signal.created_at)
+    return Sent(signal, len(resumed))
 
 
 def _check(name: Any, data: Any, dedup_key: Any) -> None:
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or not name.isprintable():
-        raise InvalidInput(
-            f"name must be 1 to {MAX_NAME} printable characters, such as order.paid",
-            field="name",
-        )
+    check_name(name)
     if not isinstance(data, dict):
         raise InvalidInput('data must be a JSON object, such as {"order_id": "o_1"}', field="data")
     if dedup_key is not None and (
@@ -81,7 +100,7 @@ class SignalService:
             return await self._send(who, signal)
 
     async def _send(self, who: Principal, signal: Signal) -> Sent:
-        run_id, name, now = signal.run_id, signal.name, signal.created_at
+        run_id = signal.run_id
         async with self._db.transaction() as conn:
             if run_id is not None:
                 run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
@@ -92,9 +111,4 @@ class SignalService:
                         f"run {run_id!r} has already ended ({run.status}): it waits for nothing",
                         code="run_finished",
                     )
-            await signals_store.lock_name(conn, who.workspace_id, who.mode, name)
-            earlier = await signals_store.insert_signal(conn, signal)
-            if earlier is not None:
-                return Sent(earlier, 0)
-            resumed = await signals_store.deliver(conn, signal, now)
-        return Sent(signal, len(resumed))
+            return await store_signal(conn, signal)

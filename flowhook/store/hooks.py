@@ -1,4 +1,5 @@
-"""Inbound hooks: public URLs bound to a flow, and the provider delivery ids already seen."""
+"""Inbound hooks: public URLs bound to a flow (an arrival starts a run) or to a signal name (an
+arrival sends that signal), and the provider delivery ids already seen."""
 
 from __future__ import annotations
 
@@ -31,11 +32,14 @@ class Hook:
     id: str
     workspace_id: str
     mode: Mode
-    flow_id: str
+    flow_id: str | None
+    """The flow each arrival starts a run of; ``None`` on a hook that sends ``signal``."""
     verify: dict[str, Any] | None
     dedup_header: str | None
     rate_limit: int
     created_at: datetime
+    signal: str | None = None
+    """The signal name each arrival sends (its body as the signal's ``data``)."""
 
 
 def _verify(verify: dict[str, Any] | None, crypt: Callable[[str], str]) -> dict[str, Any] | None:
@@ -54,8 +58,8 @@ async def insert_hook(conn: AsyncConnection, hook: Hook) -> None:
     await conn.execute(
         inbound_hooks.insert().values(
             id=hook.id, workspace_id=hook.workspace_id, mode=str(hook.mode), flow_id=hook.flow_id,
-            verify=verify, dedup_header=hook.dedup_header, rate_limit=hook.rate_limit,
-            created_at=hook.created_at,
+            signal=hook.signal, verify=verify, dedup_header=hook.dedup_header,
+            rate_limit=hook.rate_limit, created_at=hook.created_at,
         )
     )  # fmt: skip
 

@@ -44,6 +44,7 @@ __all__ = [
     "find_for_wait",
     "register_wait",
     "resolve_wait",
+    "taken",
     "get_signal",
 ]
 
@@ -253,6 +254,18 @@ async def register_wait(
         "resolved_at": now if resolved_by else None,
     }  # fmt: skip
     await bulk.insert(conn, waits, [row], update_on_conflict=("run_id", "idx"))
+
+
+async def taken(conn: AsyncConnection, run_id: str, idx: int) -> Signal | None:
+    """The signal that resolved a run's ``wait`` step ``idx``, if one did: a read, with no
+    lock (a resolved wait stays so)."""
+    q = (
+        select(signals)
+        .join(waits, waits.c.signal_id == signals.c.id)
+        .where(waits.c.run_id == run_id, waits.c.idx == idx)
+    )
+    row = (await conn.execute(q)).first()
+    return _signal(row) if row else None
 
 
 async def resolve_wait(

@@ -296,7 +296,9 @@ inbound_hooks = Table(
     metadata,
     _id(),
     *_scope(),
-    _ref("flow_id"),
+    # what an arrival does: start a run of ``flow_id``, or send the signal ``signal``
+    _ref("flow_id", required=False),
+    Column("signal", String(200)),
     # {"type": "hmac", "header", "encoding": "hex"|"base64", "secret"} or
     # {"type": "standard", "secret"}; null: anyone with the URL may post.
     Column("verify", JSONType),

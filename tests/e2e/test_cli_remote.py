@@ -144,6 +144,10 @@ def test_every_remote_command(tmp_path: Path) -> None:
         hook = js(server, "hooks", "create", flow_id, "--verify", "hmac")
         assert hook["url"].endswith(hook["id"]) and hook["verify"]["secret"]
         assert "POST" in ok(server, "hooks", "create", flow_id)
+        out = ok(server, "hooks", "create", "--signal", "order.paid")
+        assert "(sends signal order.paid)" in out and "POST http" in out
+        neither = cli(server, "hooks", "create")
+        assert neither.returncode == 2 and "--signal" in neither.stderr
 
         schedule = js(
             server,

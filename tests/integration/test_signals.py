@@ -4,8 +4,20 @@ comes before the run reaches its step, duplicates, timeouts each way, refusals."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.clock import SystemClock
+from flowhook.engine.worker import Worker
+from flowhook.service import Services
+from flowhook.store import runs as runs_store
+from flowhook.store.db import Database
+from flowhook.store.models import Mode, RunStatus, StepStatus
+from flowhook.store.tables import events
 from tests.conftest import Api
 
 
@@ -173,3 +185,118 @@ async def test_refusals(api: Api) -> None:
     ):
         r = await api.post("/api/v1/signals", body)
         assert r.status_code in (400, 422) and "error" in r.json(), (body, r.text)
+
+
+async def test_an_inbound_hook_sends_a_signal_that_resumes_a_wait(api: Api) -> None:
+    """A hook created with ``signal`` instead of ``flow_id``: each accepted arrival's body is
+    the signal's data; a delivery id seen before is the same signal; the events say so."""
+    flow_id = await api.create_flow(order_flow())
+    run_id = await api.execute(flow_id, {"order_id": "o1"})
+    other = await api.execute(flow_id, {"order_id": "o2"})
+    r = await api.post("/api/v1/hooks", {"signal": "order.paid", "dedup_header": "X-Delivery"})
+    assert r.status_code == 201, r.text
+    h = r.json()
+    assert (h["signal"], h["flow_id"]) == ("order.paid", None)
+    await waiting(api, run_id)
+    path = "/api/v1/hooks/" + h["id"]
+    headers = {"X-Delivery": "psp-1"}
+    first = await api.client.post(path, json={"order_id": "o1", "amount": 9}, headers=headers)
+    assert first.status_code == 202, first.text
+    sent = first.json()
+    assert sent["signal_id"].startswith("sig_")
+    assert (sent["signal"], sent["matched"], sent["duplicate"]) == ("order.paid", 1, False)
+    done = await api.wait(run_id)
+    assert done["status"] == "completed"
+    assert done["output"]["paid"]["id"] == sent["signal_id"]
+    assert done["output"]["paid"]["data"] == {"order_id": "o1", "amount": 9}
+    # The provider's retry of the same delivery is the same signal, and resumes nothing.
+    again = await api.client.post(path, json={"order_id": "o2"}, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json() == {**sent, "matched": 0, "duplicate": True}
+    assert (await waiting(api, other))["status"] == "running"
+    delivered = (await api.get("/api/v1/events", params={"event": "webhook.delivered"})).json()
+    payloads = [e["body"]["payload"] for e in delivered["data"]]
+    assert {(p["accepted"], p["reason"], p["signal_id"]) for p in payloads} == {
+        (True, None, sent["signal_id"]),
+        (False, "duplicate delivery id", sent["signal_id"]),
+    }
+    received = (await api.get("/api/v1/events", params={"event": "webhook.received"})).json()
+    [event] = received["data"]
+    assert event["body"]["payload"] == {
+        "hook_id": h["id"], "signal": "order.paid", "signal_id": sent["signal_id"], "matched": 1,
+    }  # fmt: skip
+    # A form body is data too; a rotated hook keeps sending the same signal.
+    rotated = (await api.post(f"/api/v1/hooks/{h['id']}/rotate")).json()
+    assert rotated["signal"] == "order.paid"
+    form = await api.client.post(
+        "/api/v1/hooks/" + rotated["id"],
+        content=b"order_id=o2",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert form.status_code == 202 and form.json()["matched"] == 1, form.text
+    assert (await api.wait(other))["output"]["paid"]["data"] == {"order_id": "o2"}
+
+
+async def test_a_hook_names_a_flow_or_a_signal(api: Api) -> None:
+    flow_id = await api.create_flow(order_flow())
+    for body, field in (
+        ({}, "flow_id"),
+        ({"flow_id": flow_id, "signal": "order.paid"}, "signal"),
+        ({"signal": ""}, "signal"),
+        ({"signal": "x" * 201}, "signal"),
+        ({"signal": "bad\nname"}, "signal"),
+    ):
+        r = await api.post("/api/v1/hooks", body)
+        assert r.status_code in (400, 422), (body, r.text)
+        assert field in r.json()["error"], (body, r.text)
+
+
+async def test_a_resumed_wait_whose_next_write_is_lost_takes_the_same_signal_again(
+    services: Services, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``wait`` step resumed by a signal is not committed on its own (the signal is stored
+    as the step's); when the write after it is lost, the run is resumed, finds the same
+    signal again, and raises the step's event once."""
+    created = await services.keys.create(Mode.TEST, "ws")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    flow = await services.flows.create(who, order_flow())
+    run_id = (
+        await services.runs.start(who, flow_id=flow.flow_id, payload={"order_id": "o1"})
+    ).run.run_id
+    worker = Worker(db, SystemClock(), services.wakeup, lease_seconds=30)
+    assert await worker.run_once() == 1
+    await worker.drain()
+    sent = await services.signals.send(who, "order.paid", {"order_id": "o1"})
+    assert sent.matched == 1
+    real, lost = runs_store.apply_progress, []
+
+    async def apply_progress(
+        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+    ) -> list[bool]:
+        if not lost:
+            lost.append([item.steps for item in items])
+            raise RuntimeError("the database went away")
+        return await real(conn, items, owner=owner)
+
+    monkeypatch.setattr(runs_store, "apply_progress", apply_progress)
+    assert await worker.run_once() == 1
+    await worker.drain()
+    [[steps]] = lost  # the write that was lost held the wait step's result too
+    assert [(s.step_id, s.status) for s in steps] == [
+        ("paid", StepStatus.COMPLETED),
+        ("ship", StepStatus.COMPLETED),
+    ]
+    assert await worker.run_once() == 1
+    await worker.drain()
+    run = await services.runs.get(who, run_id)
+    assert run.status is RunStatus.COMPLETED
+    assert run.output["paid"]["id"] == sent.signal.id
+    async with db.read() as conn:
+        completed = (
+            await conn.execute(
+                select(func.count())
+                .select_from(events)
+                .where(events.c.run_id == run_id, events.c.type == "flow.step_completed")
+            )
+        ).scalar_one()
+    assert completed == 2  # paid and ship, once each

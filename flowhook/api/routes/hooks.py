@@ -11,6 +11,7 @@ from starlette.responses import Response
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.models import PagingDep, error_responses, page_response, ts
 from flowhook.api.responses import ORJSONResponse
+from flowhook.service.signals import MAX_NAME
 from flowhook.store.hooks import Hook
 
 router = APIRouter(tags=["hooks"])
@@ -20,7 +21,17 @@ _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 429, 503)
 
 class HookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    flow_id: str
+    flow_id: str | None = Field(
+        default=None, description="Each accepted arrival starts a run of this flow."
+    )
+    signal: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME,
+        description="Instead of flow_id: each accepted arrival sends this signal, with the "
+        "arrival's body as its data.",
+        examples=["payment.captured"],
+    )
     verify: dict[str, Any] | None = Field(
         default=None,
         description='{"type": "hmac", "header": "X-Signature", "encoding": "hex"|"base64", "secret"?} '
@@ -45,6 +56,7 @@ def hook_record(request: Request, hook: Hook, *, with_secret: bool = False) -> d
         "id": hook.id,
         "url": hook_url(request, hook.id),
         "flow_id": hook.flow_id,
+        "signal": hook.signal,
         "verify": verify,
         "dedup_header": hook.dedup_header,
         "rate_limit": hook.rate_limit,
@@ -113,8 +125,10 @@ _SIGNATURE_HEADERS = [
     "/hooks/{hook_id}",
     status_code=202,
     summary="Public: deliver to an inbound hook (no API key)",
-    description='JSON becomes the run\'s payload, a form an object, anything else {"body": text}. '
-    "A delivery id seen before answers 200 with the first run and `duplicate: true`.",
+    description='JSON becomes the run\'s payload, a form an object, anything else {"body": text}; '
+    "on a hook created with `signal`, it becomes that signal's data instead, and the answer is "
+    '`{"signal_id", "signal", "matched", "duplicate"}`. '
+    "A delivery id seen before answers 200 with the first run (or signal) and `duplicate: true`.",
     responses=_ERRORS,
     openapi_extra={"parameters": _SIGNATURE_HEADERS},
 )
@@ -123,5 +137,14 @@ async def receive(hook_id: str, request: Request, services: ServicesDep) -> Resp
     arrival = await services.hooks.receive(
         hook_id, body, request.headers.get("content-type", ""), request.headers
     )
-    answer = {"run_id": arrival.run_id, "status": "queued", "duplicate": arrival.duplicate}
+    answer: dict[str, Any]
+    if arrival.sent is not None:
+        answer = {
+            "signal_id": arrival.sent.signal.id,
+            "signal": arrival.sent.signal.name,
+            "matched": arrival.sent.matched,
+            "duplicate": arrival.duplicate,
+        }
+    else:
+        answer = {"run_id": arrival.run_id, "status": "queued", "duplicate": arrival.duplicate}
     return ORJSONResponse(answer, status_code=200 if arrival.duplicate else 202)
