@@ -174,6 +174,8 @@ def _waiting_for(step: dict[str, Any]) -> str:
     if step["type"] == "wait":
         match = ", ".join(f"{k}={json.dumps(v)}" for k, v in (output.get("match") or {}).items())
         return f" [yellow]for signal {output.get('signal')}{f' ({match})' if match else ''}{until}[/yellow]"
+    if step["type"] == "flow":
+        return f" [yellow]for child run {output.get('run_id')}{until}[/yellow]"
     return f" [yellow]{until.strip()}[/yellow]" if until else ""
 
 

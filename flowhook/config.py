@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     """Let http steps and webhooks reach loopback and private addresses (development, tests)."""
     max_step_output_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest step output (as JSON) stored; a step whose output is larger fails."""
+    max_map_items: int = Field(default=1000, ge=1, le=100_000)
+    """The longest list a ``map`` step takes; a longer one fails the step."""
 
     # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
     webhook_retry_schedule: str = "30,120,600,3600"

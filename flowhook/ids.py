@@ -18,7 +18,7 @@ import time
 __all__ = ["new_id", "new_secret_id", "is_id", "PREFIXES"]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-PREFIXES = frozenset({"wf", "run", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig"})
+PREFIXES = frozenset({"wf", "run", "part", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig"})
 
 _lock = threading.Lock()
 _last_ms = 0

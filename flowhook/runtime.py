@@ -40,6 +40,7 @@ class Runtime:
             max_claims=settings.max_claims,
             allow_private_targets=settings.allow_private_targets,
             max_step_output_bytes=settings.max_step_output_bytes,
+            max_map_items=settings.max_map_items,
             plugins=settings.plugin_modules,
             public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
         )

@@ -53,3 +53,10 @@ async def stall_once(ctx: flowhook.StepContext) -> dict[str, Any]:
     if CALLS[ctx.run_id] == 1:
         await asyncio.sleep(3600)
     return {"attempt": ctx.attempt}
+
+
+@flowhook.step("whoami")
+async def whoami(ctx: flowhook.StepContext) -> dict[str, Any]:
+    """Which process ran the step (after a nap of ``input`` seconds)."""
+    await asyncio.sleep(float(ctx.input or 0))
+    return {"pid": os.getpid()}

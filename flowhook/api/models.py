@@ -133,6 +133,13 @@ class StepRecord(BaseModel):
     started_at: str | None
     finished_at: str | None
     duration_ms: int | None
+    parent: str | None = Field(
+        default=None,
+        description="Set on a step of a `parallel` branch or a `map` item: the id of that "
+        "`parallel` or `map` step (with `branch` or `index`).",
+    )
+    branch: str | None = Field(default=None, description="The `parallel` branch it ran in.")
+    index: int | None = Field(default=None, description="The `map` item it ran for.")
     output: Any = None
     error: dict[str, Any] | None = None
     reused: bool = Field(
@@ -160,6 +167,10 @@ class RunRecord(BaseModel):
     cancel_requested_at: str | None = None
     rerun_of: str | None = Field(
         default=None, description="The run this one reruns, when it is a rerun."
+    )
+    parent_run_id: str | None = Field(
+        default=None,
+        description="The run whose `flow` step started this one (trigger `flow`), if any.",
     )
 
 
@@ -195,7 +206,7 @@ def run_accepted(run: Run) -> dict[str, Any]:
 
 
 def _step(step: RunStep) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "id": step.step_id,
         "type": step.type,
         "status": str(step.status),
@@ -208,6 +219,12 @@ def _step(step: RunStep) -> dict[str, Any]:
         "error": step.error,
         "reused": step.reused,
     }
+    if step.parent is not None:  # a step of a parallel's branch or a map's item
+        body["parent"] = step.parent
+        body["branch" if step.branch is not None else "index"] = (
+            step.branch if step.branch is not None else step.index
+        )
+    return body
 
 
 def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
@@ -227,6 +244,8 @@ def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
         "duration_ms": run.duration_ms,
         "cancel_requested_at": ts(run.cancel_requested_at),
         "rerun_of": run.rerun_of,
+        # a child started inside a branch or item names the run, not the part
+        "parent_run_id": (run.scope or {}).get("caller", run.parent_run_id),
     }
     if with_steps:
         body["steps"] = [_step(s) for s in run.steps]

@@ -44,6 +44,8 @@ class Run:
     finished_at: str | None = None
     duration_ms: int | None = None
     rerun_of: str | None = None
+    parent_run_id: str | None = None
+    """The run whose ``flow`` step started this one."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -65,6 +67,7 @@ class Run:
             finished_at=body.get("finished_at"),
             duration_ms=body.get("duration_ms"),
             rerun_of=body.get("rerun_of"),
+            parent_run_id=body.get("parent_run_id"),
             raw=body,
         )
 

@@ -43,6 +43,7 @@ __all__ = [
     "Renderer",
     "compile_value",
     "evaluate",
+    "referenced_steps",
 ]
 
 
@@ -57,12 +58,14 @@ class Renderer:
     """A compiled value: call it with the context (in this thread), or ``await
     evaluate(renderer, ctx)`` (off the event loop when it could run long)."""
 
-    __slots__ = ("_fn", "inline")
+    __slots__ = ("_fn", "_names", "inline")
 
-    def __init__(self, fn: _Fn, inline: bool) -> None:
+    def __init__(self, fn: _Fn, inline: bool, names: frozenset[str] = frozenset()) -> None:
         self._fn = fn
         self.inline = inline
         """Bounded by construction: cheap enough to evaluate on the event loop."""
+        self._names = names
+        """The context's names its expressions use: all they can read of it."""
 
     def __call__(self, ctx: dict[str, Any]) -> Any:
         try:
@@ -72,7 +75,12 @@ class Renderer:
 
     def in_place(self, ctx: dict[str, Any]) -> Any:
         """Evaluate here when that is cheap for sure; raises NotInline when it is not."""
-        if not self.inline or weight(ctx, SMALL_CONTEXT) > SMALL_CONTEXT:
+        if not self.inline:
+            raise NotInline
+        # only what its names reach counts: a map item's expressions that read ``item`` stay
+        # in place however large the run's payload
+        read = [ctx[name] for name in self._names if name in ctx]
+        if weight(read, SMALL_CONTEXT) > SMALL_CONTEXT:
             raise NotInline
         start_budget(inline=True)
         return self._fn(ctx)
@@ -183,13 +191,15 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _compile_string(source: str) -> tuple[_Fn, int]:
+def _compile_string(source: str) -> tuple[_Fn, int, frozenset[str]]:
     whole = _WHOLE.match(source)
     is_whole = bool(whole and "{{" not in whole["expr"] and "}}" not in whole["expr"])
     if not is_whole and "{{" not in source and "{%" not in source:
-        return (lambda _ctx: source), 0
+        return (lambda _ctx: source), 0, frozenset()
     try:
-        size = _inline_size(SANDBOX.parse(source))
+        tree = SANDBOX.parse(source)
+        size = _inline_size(tree)
+        names = frozenset(n.name for n in tree.find_all(nodes.Name))
         if is_whole:
             assert whole is not None
             expr = SANDBOX.compile_expression(whole["expr"], undefined_to_none=False)
@@ -211,7 +221,7 @@ def _compile_string(source: str) -> tuple[_Fn, int]:
             except Exception as exc:
                 raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 
-        return native, size
+        return native, size, names
 
     def text(ctx: dict[str, Any]) -> Any:
         try:
@@ -221,26 +231,61 @@ def _compile_string(source: str) -> tuple[_Fn, int]:
         except Exception as exc:
             raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
 
-    return text, size
+    return text, size, names
 
 
-def _compile(value: Any) -> tuple[_Fn, int]:
-    """The evaluating function and the size that decides whether it may run in place."""
+def _compile(value: Any) -> tuple[_Fn, int, frozenset[str]]:
+    """The evaluating function, the size that decides whether it may run in place, and the
+    context names it uses."""
     if isinstance(value, str):
         return _compile_string(value)
     if isinstance(value, dict):
         parts = {k: _compile(v) for k, v in value.items()}
-        fns = {k: fn for k, (fn, _) in parts.items()}
-        size = sum(n for _, n in parts.values())
-        return (lambda ctx: {k: fn(ctx) for k, fn in fns.items()}), size
+        fns = {k: fn for k, (fn, _, _) in parts.items()}
+        size = sum(n for _, n, _ in parts.values())
+        names = frozenset().union(*(used for _, _, used in parts.values()))
+        return (lambda ctx: {k: fn(ctx) for k, fn in fns.items()}), size, names
     if isinstance(value, list):
         items = [_compile(v) for v in value]
-        seq = [fn for fn, _ in items]
-        return (lambda ctx: [fn(ctx) for fn in seq]), sum(n for _, n in items)
-    return (lambda _ctx: value), 0
+        seq = [fn for fn, _, _ in items]
+        names = frozenset().union(*(used for _, _, used in items))
+        return (lambda ctx: [fn(ctx) for fn in seq]), sum(n for _, n, _ in items), names
+    return (lambda _ctx: value), 0, frozenset()
 
 
 def compile_value(value: Any) -> Renderer:
     """Compile a JSON value whose strings may hold expressions; raises ExpressionError."""
-    fn, size = _compile(value)
-    return Renderer(fn, inline=size <= MAX_INLINE_NODES)
+    fn, size, names = _compile(value)
+    return Renderer(fn, inline=size <= MAX_INLINE_NODES, names=names)
+
+
+def referenced_steps(value: Any) -> set[str]:
+    """The step ids a value's expressions name literally (``steps.price`` or
+    ``steps['price']``); none for a template that assigns ``steps`` itself. Call on a value
+    that compiles."""
+    found: set[str] = set()
+    for source in _strings(value):
+        if "steps" not in source or ("{{" not in source and "{%" not in source):
+            continue
+        tree = SANDBOX.parse(source)
+        if any(t.name == "steps" for t in tree.find_all(nodes.Name) if t.ctx != "load"):
+            continue
+        for attr in tree.find_all(nodes.Getattr):
+            if isinstance(attr.node, nodes.Name) and attr.node.name == "steps":
+                found.add(attr.attr)
+        for item in tree.find_all(nodes.Getitem):
+            key, base = item.arg, item.node
+            named = isinstance(base, nodes.Name) and base.name == "steps"
+            if named and isinstance(key, nodes.Const) and isinstance(key.value, str):
+                found.add(key.value)
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []

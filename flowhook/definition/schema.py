@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FLOW_SCHEMA", "STEP_TYPES", "STEP_ID_PATTERN"]
+__all__ = ["FLOW_SCHEMA", "STEP_TYPES", "STEP_ID_PATTERN", "NESTING"]
 
 STEP_ID_PATTERN = "^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+NESTING = frozenset({"parallel", "map", "flow"})
+"""Steps that run other steps (their own, or a whole flow): retried by their inner steps'
+``retry``, never as a whole."""
+_NESTED_STEPS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 200,
+    "items": {"$ref": "#/$defs/step"},
+}
 _EXPR = {"type": "string", "minLength": 1}
 _ACTION = {
     "type": "string",
@@ -100,6 +109,66 @@ _STEPS: dict[str, tuple[list[str], dict[str, Any]]] = {
             "on_reject": {"enum": ["fail", "continue"]},
         },
     ),
+    "parallel": (
+        ["branches"],
+        {
+            "branches": {
+                "type": "object",
+                "minProperties": 1,
+                "maxProperties": 50,
+                "propertyNames": {"pattern": STEP_ID_PATTERN},
+                "additionalProperties": _NESTED_STEPS,
+                "description": "Named branches, each a list of steps; they run side by side. "
+                "Output: each branch's last output, by name.",
+            },
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 2592000,
+                "description": "How long the branches may take; default: the run's own timeout.",
+            },
+        },
+    ),
+    "map": (
+        ["items", "steps"],
+        {
+            "items": {
+                "type": ["string", "array"],
+                "minLength": 1,
+                "description": "The list to map over: an expression or a literal list. Its "
+                "steps see `item` and `index`. Output: each item's last output, in order.",
+            },
+            "concurrency": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1000,
+                "description": "How many items run at once (default 10).",
+            },
+            "steps": _NESTED_STEPS,
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 2592000,
+                "description": "How long the items may take; default: the run's own timeout.",
+            },
+        },
+    ),
+    "flow": (
+        ["flow_id"],
+        {
+            "flow_id": {
+                "type": "string",
+                "pattern": "^wf_[0-9a-hjkmnp-tv-z]{26}$",
+                "description": "A flow of the same workspace and mode, run as a child run.",
+            },
+            "payload": {"type": "object", "description": "The child run's payload (templated)."},
+            "wait": {
+                "type": "boolean",
+                "description": "Wait for the child run and take its output (default); "
+                'false: go on at once with {"run_id"}.',
+            },
+        },
+    ),
 }
 
 STEP_TYPES = tuple(_STEPS)
@@ -107,11 +176,12 @@ STEP_TYPES = tuple(_STEPS)
 
 def _step_schema(kind: str) -> dict[str, Any]:
     required, own = _STEPS[kind]
+    common = {k: v for k, v in _COMMON.items() if not (kind in NESTING and k == "retry")}
     return {
         "type": "object",
         "required": ["id", "type", *required],
         "additionalProperties": False,
-        "properties": {**_COMMON, **own, "type": {"const": kind}},
+        "properties": {**common, **own, "type": {"const": kind}},
     }
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from flowhook.definition.expressions import ExpressionError, compile_value
+from flowhook.definition.expressions import ExpressionError, compile_value, referenced_steps
 from flowhook.definition.requests import request_problem
 from flowhook.definition.schema import FLOW_SCHEMA
 from flowhook.errors import InvalidDefinition
@@ -26,30 +27,64 @@ _QUOTED = re.compile(r"'([^']+)'")
 _HOST_THEN_REST = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#{]+[/?#]")
 
 
-def _where(path: Iterable[Any], steps: list[Any]) -> tuple[str, str]:
-    """("steps[1].output", "step 'price' (steps[1])") for a schema path."""
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A step of the definition with where it is: its field path (``steps[2].branches.crm[0]``),
+    the list it belongs to, and its position there."""
+
+    step: dict[str, Any]
+    field: str
+    siblings: list[dict[str, Any]]
+    position: int
+
+    @property
+    def label(self) -> str:
+        return f"step {self.step['id']!r} ({self.field.removeprefix('definition.')})"
+
+
+def _placed(steps: list[Any], field: str = "definition.steps") -> Iterator[_Placed]:
+    """Every step of the definition, nested ones too, in order (a step before its own)."""
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            continue
+        here = _Placed(step, f"{field}[{i}]", steps, i)
+        yield here
+        if step.get("type") == "parallel" and isinstance(step.get("branches"), dict):
+            for name, branch in step["branches"].items():
+                if isinstance(branch, list):
+                    yield from _placed(branch, f"{here.field}.branches.{name}")
+        elif step.get("type") == "map" and isinstance(step.get("steps"), list):
+            yield from _placed(step["steps"], f"{here.field}.steps")
+
+
+def _where(path: Iterable[Any], definition: Any) -> tuple[str, str]:
+    """("steps[1].output", "step 'price' (steps[1])") for a schema path: the field, and the
+    innermost step it lies in."""
     field = "definition"
     label = ""
-    parts = list(path)
-    for i, part in enumerate(parts):
+    node = definition
+    for part in path:
         field += f"[{part}]" if isinstance(part, int) else f".{part}"
-        if i == 1 and parts[0] == "steps" and isinstance(part, int):
-            step = steps[part] if part < len(steps) else None
-            sid = step.get("id") if isinstance(step, dict) else None
-            label = f"step {sid!r} (steps[{part}])" if isinstance(sid, str) else f"steps[{part}]"
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+        in_list = isinstance(part, int) and field.rsplit("[", 1)[0].endswith(("steps", "]"))
+        if in_list and isinstance(node, dict) and "type" in node:
+            sid = node.get("id")
+            where = field.removeprefix("definition.")
+            label = f"step {sid!r} ({where})" if isinstance(sid, str) else where
     return field, label
 
 
 def _schema_error(err: ValidationError, definition: Any) -> InvalidDefinition:
-    steps = definition.get("steps") if isinstance(definition, dict) else None
-    steps = steps if isinstance(steps, list) else []
     path = deque(err.absolute_path)
     if err.validator == "required" or err.validator == "additionalProperties":
         # Name the missing or unexpected field itself.
         missing = _field_named(err)
         if missing:
             path.append(missing)
-    field, label = _where(path, steps)
+    field, label = _where(path, definition)
     prefix = f"{label}: " if label else ""
     return InvalidDefinition(f"{prefix}{field} — {err.message}", field=field)
 
@@ -62,49 +97,58 @@ def _field_named(err: ValidationError) -> str | None:
 def validate_definition(definition: Any, *, allow_private_targets: bool = False) -> dict[str, Any]:
     """Return the definition if valid; raise :class:`InvalidDefinition` naming step and field.
 
-    An ``http`` step's literal parts are checked as they will be sent: its method and
-    headers, and its URL against the target guard (a URL whose host is templated is
-    checked when the step runs)."""
+    Step ids are unique across the whole flow (nested steps included); a ``condition`` jumps
+    only ahead within its own list; a literal ``steps.<id>`` in an expression names a step
+    of the flow. An ``http`` step's literal parts are checked as they will be sent: its
+    method and headers, and its URL against the target guard (a URL whose host is templated
+    is checked when the step runs)."""
     error = best_match(_validator.iter_errors(definition), key=_relevance)
     if error is not None:
         raise _schema_error(error, definition)
-    steps: list[dict[str, Any]] = definition["steps"]
-    position: dict[str, int] = {}
-    for i, step in enumerate(steps):
-        if step["id"] in position:
+    everything = list(_placed(definition["steps"]))
+    first: dict[str, _Placed] = {}
+    for placed in everything:
+        sid = placed.step["id"]
+        if sid in first:
             raise InvalidDefinition(
-                f"step {step['id']!r} (steps[{i}]): id is already used by steps[{position[step['id']]}]",
-                field=f"definition.steps[{i}].id",
+                f"{placed.label}: id is already used by "
+                f"{first[sid].field.removeprefix('definition.')}",
+                field=f"{placed.field}.id",
             )
-        position[step["id"]] = i
-    for i, step in enumerate(steps):
-        label = f"step {step['id']!r} (steps[{i}])"
-        if step["type"] == "condition":
-            for branch in ("then", "else"):
-                target = step.get(branch, "continue")
-                if target in ACTIONS:
-                    continue
-                if target not in position or position[target] <= i:
-                    raise InvalidDefinition(
-                        f"{label}: {branch} must be continue, end, fail or the id of a later "
-                        f"step, not {target!r}",
-                        field=f"definition.steps[{i}].{branch}",
-                    )
-        for key, value in step.items():
-            if key in ("id", "type", "then", "else", "description"):
-                continue
-            _check_expressions(value, f"definition.steps[{i}].{key}", label)
-        if step["type"] == "http":
-            _check_request(step["request"], f"definition.steps[{i}].request", label,
-                           allow_private_targets=allow_private_targets)  # fmt: skip
+        first[sid] = placed
+    for placed in everything:
+        _check_step(placed, set(first), allow_private_targets=allow_private_targets)
     if "output" in definition:
-        _check_expressions(definition["output"], "definition.output", "output")
+        _check_expressions(definition["output"], "definition.output", "output", set(first))
     return definition  # type: ignore[no-any-return]
 
 
-def _check_expressions(value: Any, field: str, label: str) -> None:
+def _check_step(placed: _Placed, ids: set[str], *, allow_private_targets: bool) -> None:
+    step, label = placed.step, placed.label
+    if step["type"] == "condition":
+        later = {s["id"] for s in placed.siblings[placed.position + 1 :]}
+        for branch in ("then", "else"):
+            target = step.get(branch, "continue")
+            if target in ACTIONS or target in later:
+                continue
+            raise InvalidDefinition(
+                f"{label}: {branch} must be continue, end, fail or the id of a later "
+                f"step of the same list, not {target!r}",
+                field=f"{placed.field}.{branch}",
+            )
+    for key, value in step.items():
+        if key in ("id", "type", "then", "else", "description", "branches", "steps"):
+            continue
+        _check_expressions(value, f"{placed.field}.{key}", label, ids)
+    if step["type"] == "http":
+        _check_request(step["request"], f"{placed.field}.request", label,
+                       allow_private_targets=allow_private_targets)  # fmt: skip
+
+
+def _check_expressions(value: Any, field: str, label: str, ids: set[str]) -> None:
     try:
         compile_value(value)
+        unknown = sorted(referenced_steps(value) - ids)
     except ExpressionError as exc:
         raise InvalidDefinition(
             f"{label}: {field} has an invalid expression: {exc}", field=field
@@ -117,6 +161,12 @@ def _check_expressions(value: Any, field: str, label: str) -> None:
         raise InvalidDefinition(
             f"{label}: {field} has an invalid expression: {exc}", field=field
         ) from None
+    if unknown:
+        raise InvalidDefinition(
+            f"{label}: {field} refers to steps.{unknown[0]}, but the flow has no step "
+            f"{unknown[0]!r}",
+            field=field,
+        )
 
 
 def _check_request(

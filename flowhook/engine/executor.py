@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -39,9 +39,14 @@ from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.engine.steps.base import error as failure
+from flowhook.engine.steps.call import MAX_DEPTH
+from flowhook.engine.steps.fan import MapStep, ParallelStep
 from flowhook.engine.steps.wait import WaitStep
 from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_event
+from flowhook.ids import new_id
 from flowhook.store import approvals as approvals_store
+from flowhook.store import children as children_store
+from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import signals as signals_store
@@ -50,6 +55,10 @@ from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.types import json_has_nul
 
 __all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT", "DEFAULT_MAX_OUTPUT_BYTES"]
+
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 log = logging.getLogger("flowhook.engine")
 DEFAULT_RUN_TIMEOUT = 3600.0
@@ -64,13 +73,35 @@ class CompiledFlow:
     output: Renderer | None
     timeout: float
     concurrency: int | None
+    lists: dict[tuple[str, str | None], list[Step]] = field(default_factory=dict)
+    """The step lists nested in ``parallel`` and ``map`` steps, by (step id, branch name)."""
 
     @classmethod
     def build(cls, definition: dict[str, Any]) -> CompiledFlow:
         steps = [build_step(spec) for spec in definition["steps"]]
         output = compile_value(definition["output"]) if "output" in definition else None
         timeout = float(definition.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
-        return cls(steps, output, timeout, definition.get("concurrency"))
+        compiled = cls(steps, output, timeout, definition.get("concurrency"))
+        compiled._index(steps)
+        return compiled
+
+    def _index(self, steps: list[Step]) -> None:
+        for step in steps:
+            if isinstance(step, ParallelStep):
+                for name, branch in step.branches.items():
+                    self.lists[(step.id, name)] = branch
+                    self._index(branch)
+            elif isinstance(step, MapStep):
+                self.lists[(step.id, None)] = step.steps
+                self._index(step.steps)
+
+    def part(self, scope: dict[str, Any]) -> CompiledFlow | None:
+        """What a part runs: the list of its branch or of its map's steps (no output, no
+        cap of its own); ``None`` when this version has no such list."""
+        steps = self.lists.get((scope["step"], scope.get("branch")))
+        if steps is None:
+            return None
+        return CompiledFlow(steps, None, self.timeout, None, self.lists)
 
 
 @dataclass(slots=True)
@@ -168,9 +199,16 @@ class Executor:
         max_claims: int = 5,
         cache_size: int = 1024,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_map_items: int = 1000,
         apply: Callable[[runs_store.Progress], Awaitable[bool]] | None = None,
         public_url: str = "http://127.0.0.1:8080",
     ) -> None:
+        self._max_map_items = max_map_items
+        self._scopes: OrderedDict[
+            tuple[str, int], asyncio.Future[tuple[Context, datetime] | None]
+        ] = OrderedDict()
+        """What the parts of a ``parallel`` or ``map`` step see of the runs around them, and
+        when their root run started, by (parent row, step index): fixed while they run."""
         self._public_url = public_url.rstrip("/")
         """Where people reach this service: approval links start with it."""
         self._apply = apply or self._apply_alone
@@ -204,8 +242,17 @@ class Executor:
         events: list[Event],
     ) -> None:
         """Write a run's progress (possibly in a transaction shared with other runs); raises
-        LeaseLost when the run's guard fails."""
-        if not await self._apply(runs_store.Progress(run.run_id, changes, steps, events)):
+        LeaseLost when the run's guard fails. A run that ends also does what its end asks
+        (see :meth:`_ending`) in the same write."""
+        progress = runs_store.Progress(run.run_id, changes, steps, events)
+        end = changes[-1].status
+        if end.terminal:
+            extra = self._ending(run, end)
+            if extra is not None:
+                progress = replace(
+                    progress, before=extra.before, lock_key=extra.lock_key, after=extra.after
+                )
+        if not await self._apply(progress):
             raise runs_store.LeaseLost(run.run_id)
 
     async def _compiled(self, run: Run) -> CompiledFlow | None:
@@ -263,6 +310,8 @@ class Executor:
                 await self._load_earlier(run)
             return await self._cancel(run)
         compiled = await self._compiled(run)
+        if run.root_run_id is not None:
+            return await self._resume_part(run, compiled)
         # resumed: what earlier claims recorded
         resumed = run.status is RunStatus.RUNNING
         pending = _Pending()
@@ -284,15 +333,123 @@ class Executor:
             missing = {"type": "definition", "message": "the flow version of this run is missing"}
             return await self._finish(run, pending, RunStatus.FAILED, error=missing)
         assert run.started_at is not None
+        ctx = _context(run, earlier)
+        await self._see_branches(run, earlier, ctx)
         return _InFlight(
             run=run,
             flow=compiled,
             earlier=earlier,
-            ctx=_context(run, earlier),
+            ctx=ctx,
             deadline=run.started_at + timedelta(seconds=compiled.timeout),
             idx=run.next_step,
             pending=pending,
         )
+
+    async def _see_branches(
+        self, run: Run, earlier: dict[int, RunStep], ctx: Context, *, idxs: list[int] | None = None
+    ) -> None:
+        """Let later steps reach the steps of the branches of finished ``parallel`` steps
+        (those at ``idxs``, or every one among ``earlier``) as ``steps.<id>``."""
+        if idxs is None:
+            idxs = [
+                s.idx
+                for s in earlier.values()
+                if s.type == "parallel" and s.status is StepStatus.COMPLETED and not s.reused
+            ]
+        if not idxs:
+            return
+        async with self._db.read() as conn:
+            found = await children_store.branch_steps(conn, run.run_id, idxs)
+        for s in found:
+            ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+
+    async def _resume_part(self, run: Run, compiled: CompiledFlow | None) -> _InFlight | RunStatus:
+        """A part (a branch of a ``parallel``, an item of a ``map``) ready for its next step:
+        it runs its list of steps, seeing what its run saw when the step started the parts,
+        and its own ``item`` and ``index`` in a map; the run's timeout bounds it. It raises no
+        run events and counts against no cap."""
+        pending = _Pending()
+        if run.status is RunStatus.QUEUED:
+            run.started_at = pending.values["started_at"] = self._clock.now()
+        earlier = await self._load_earlier(run) if run.status is RunStatus.RUNNING else {}
+        if run.claims > self._max_claims:
+            lost = {
+                "type": "worker_lost",
+                "message": f"the part lost its worker {run.claims - 1} times in a row",
+                "step": None,
+            }
+            return await self._finish(run, pending, RunStatus.FAILED, error=lost)
+        flow = compiled.part(run.scope or {}) if compiled is not None else None
+        scope = await self._scope_of(run)
+        if flow is None or scope is None:
+            missing = {"type": "definition", "message": "the steps of this part are missing"}
+            return await self._finish(run, pending, RunStatus.FAILED, error=missing)
+        around, root_started = scope
+        ctx: Context = {**around, "steps": dict(around["steps"])}
+        own = run.scope or {}
+        if "index" in own:
+            ctx["item"], ctx["index"] = own["item"], own["index"]
+        for s in earlier.values():
+            if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+                ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+        await self._see_branches(run, earlier, ctx)
+        return _InFlight(
+            run=run,
+            flow=flow,
+            earlier=earlier,
+            ctx=ctx,
+            deadline=root_started + timedelta(seconds=flow.timeout),
+            idx=run.next_step,
+            pending=pending,
+        )
+
+    async def _scope_of(self, part: Run) -> tuple[Context, datetime] | None:
+        """What a part sees of the runs around it (its run's payload and finished steps, and
+        those of the parts it is nested in, with their ``item`` and ``index``) and when its
+        run started; read once per step that started parts (parts claimed together share the
+        one read), then cached: it does not change while they run."""
+        assert part.parent_run_id is not None
+        assert part.parent_idx is not None
+        key = (part.parent_run_id, part.parent_idx)
+        pending = self._scopes.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._read_scope(part.parent_run_id))
+            self._scopes[key] = pending
+            if len(self._scopes) > 256:
+                self._scopes.popitem(last=False)
+        else:
+            self._scopes.move_to_end(key)
+        try:
+            return await asyncio.shield(pending)
+        except Exception:
+            self._scopes.pop(key, None)  # read again next time
+            raise
+
+    async def _read_scope(self, holder_id: str | None) -> tuple[Context, datetime] | None:
+        chain: list[Run] = []
+        branches: list[RunStep] = []
+        async with self._db.read() as conn:
+            while holder_id is not None:
+                holder = await runs_store.get_run_by_id(conn, holder_id)
+                if holder is None:
+                    return None
+                chain.append(holder)
+                done = [s.idx for s in holder.steps if s.type == "parallel" and s.output]
+                if done:  # what their branches ran is in reach too
+                    branches += await children_store.branch_steps(conn, holder.run_id, done)
+                holder_id = holder.parent_run_id if holder.root_run_id is not None else None
+        root = chain[-1]
+        ctx = _context(root, {s.idx: s for s in root.steps})
+        for holder in reversed(chain[:-1]):
+            for s in holder.steps:
+                if s.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+                    ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
+            scope = holder.scope or {}
+            if "index" in scope:
+                ctx["item"], ctx["index"] = scope["item"], scope["index"]
+        for s in branches:
+            ctx["steps"].setdefault(s.step_id, {"output": s.output, "status": str(s.status)})
+        return ctx, root.started_at or root.queued_at
 
     async def _admit(self, run: Run, cap: int) -> bool:
         """Whether the flow's ``concurrency`` lets the run go on now. The count and what
@@ -385,6 +542,10 @@ class Executor:
             return await self._wake_wait(state, prior, now)
         if prior.type == "approval":
             return await self._wake_approval(state, prior, now)
+        if prior.type == "flow":
+            return await self._wake_call(state, prior, now)
+        if prior.type in ("parallel", "map"):
+            return await self._wake_fan(state, prior, now)
         until = _parse_time(prior.output["until"])
         if now < until:
             return await self._release(state, min(until, state.deadline))
@@ -426,8 +587,9 @@ class Executor:
         run_left = (state.deadline - attempt.started).total_seconds()
         limit = min(step.timeout or run_left, run_left)
         env = StepEnv(
-            self._clock, self._http, self._allow_private, run.run_id, run.flow_id, attempt.number
-        )
+            self._clock, self._http, self._allow_private, run.root_run_id or run.run_id,
+            run.flow_id, attempt.number, self._max_map_items,
+        )  # fmt: skip
         self.in_step.add(run.run_id)
         try:
             async with asyncio.timeout(limit):
@@ -457,6 +619,10 @@ class Executor:
             return await self._park(state, attempt, outcome)
         if outcome.action == "approval":
             return await self._ask(state, attempt, outcome)
+        if outcome.action == "call":
+            return await self._call(state, attempt, outcome)
+        if outcome.action == "fan":
+            return await self._fan(state, attempt, outcome)
         if outcome.action == "wait" and outcome.wait_until is not None:
             state.pending.steps.append(
                 RunStep(
@@ -531,6 +697,9 @@ class Executor:
             "attempt": step.attempts,
             "duration_ms": step.duration_ms,
         }
+        if run.root_run_id is not None:  # a part's step: an event of the run it is part of
+            payload.update(_nesting(run.scope or {}))
+            run = replace(run, run_id=run.root_run_id)
         if step.error is not None:
             payload["error"] = step.error
             payload["will_retry"] = will_retry
@@ -570,8 +739,9 @@ class Executor:
     ) -> RunStatus | None:
         """A ``wait`` step reached: take the signal that matches it if one came since the run
         was queued, else sleep without a lease until one comes (it wakes the run) or the
-        step's time is up. The lookup and the registration are one write transaction under
-        the signal name's lock, so a signal sent meanwhile is never missed."""
+        step's time is up. The lookup, the registration and the release are one write under
+        the signal name's lock, so a signal sent meanwhile is never missed; that write is the
+        group write the run's other progress goes through, so parks share commits."""
         run, step = state.run, attempt.step
         assert isinstance(step, WaitStep)
         wait = signals_store.Wait(
@@ -583,18 +753,28 @@ class Executor:
             attempts=attempt.number, started_at=attempt.started, output=outcome.output,
         )  # fmt: skip
         wake = min(outcome.wait_until or state.deadline, state.deadline)
-        async with self._db.transaction() as conn:
+        found: list[signals_store.Signal | None] = [None]
+
+        async def look(conn: AsyncConnection) -> bool:
+            """In the (group) write: the signal, or the run's release to sleep (True)."""
             await signals_store.lock_name(conn, run.workspace_id, run.mode, step.signal)
-            found = await signals_store.find_for_wait(conn, wait, run.queued_at)
-            await signals_store.register_wait(conn, wait, resolved_by=found, now=self._clock.now())
-            if found is None:
-                state.pending.steps.append(record)
-                progress = self._progress(state, **_released(wake))
-                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
-                if not ok:
-                    raise runs_store.LeaseLost(run.run_id)
-        if found is not None:
-            return await self._signalled(state, record, found)
+            found[0] = await signals_store.find_for_wait(conn, wait, run.queued_at)
+            await signals_store.register_wait(
+                conn, wait, resolved_by=found[0], now=self._clock.now()
+            )
+            return found[0] is None
+
+        state.pending.steps.append(record)
+        progress = replace(
+            self._progress(state, **_released(wake)),
+            before=look,
+            lock_key=f"signal:{run.workspace_id}:{run.mode}:{step.signal}",
+        )
+        if not await self._apply(progress):
+            raise runs_store.LeaseLost(run.run_id)
+        if found[0] is not None:  # nothing pending was written: it goes on with the signal
+            state.pending.steps.pop()
+            return await self._signalled(state, record, found[0])
         state.pending = _Pending()
         run.status = RunStatus.RUNNING
         return RunStatus.RUNNING
@@ -652,7 +832,8 @@ class Executor:
             "reject_url": f"{self._public_url}/approvals/{reject}",
             "expires_at": isoformat(until) if until else None,
         }
-        state.pending.events.append(run_event(run, "flow.approval_requested", payload, now))
+        about = replace(run, run_id=run.root_run_id) if run.root_run_id is not None else run
+        state.pending.events.append(run_event(about, "flow.approval_requested", payload, now))
         state.pending.steps.append(
             RunStep(
                 idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
@@ -753,6 +934,256 @@ class Executor:
             state, state.flow.steps[state.idx - 1], Outcome(output=output), durable=True
         )
 
+    # -- flow: a step that starts a child run (and sleeps until it ends) -------------------
+
+    async def _call(
+        self, state: _InFlight, attempt: _Attempt, outcome: Outcome
+    ) -> RunStatus | None:
+        """A ``flow`` step reached: start the child run and, with ``wait``, sleep without a
+        lease until its end wakes the run (or the step's time is up); else go on with
+        ``{"run_id"}``. The child's insert and the step's record are one commit, so a crash
+        never starts a second child."""
+        run, step = state.run, attempt.step
+        spec = outcome.output
+        depth = int((run.scope or {}).get("depth", 0)) + 1
+        if depth > MAX_DEPTH:
+            problem = f"sub-flows nest deeper than {MAX_DEPTH} (this run is at depth {depth - 1})"
+            return await self._step_failed(state, attempt, "flow_depth", problem)
+        async with self._db.read() as conn:
+            flow = await flows_store.get_flow(conn, run.workspace_id, run.mode, spec["flow_id"])
+        if flow is None:  # another workspace's or mode's flow is not found either
+            problem = f"flow {spec['flow_id']!r} not found"
+            return await self._step_failed(state, attempt, "flow_not_found", problem)
+        now = self._clock.now()
+        child = Run(
+            run_id=new_id("run"), workspace_id=run.workspace_id, mode=run.mode,
+            flow_id=flow.flow_id, flow_version=flow.version, trigger="flow",
+            status=RunStatus.QUEUED, payload=spec["payload"], queued_at=now,
+            parent_run_id=run.run_id, parent_idx=attempt.idx,
+            scope={"depth": depth, "caller": run.root_run_id or run.run_id},
+        )  # fmt: skip
+        if spec["wait"]:
+            output = {"run_id": child.run_id, "flow_id": flow.flow_id, "until": spec["until"]}
+            state.pending.steps.append(
+                RunStep(
+                    idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
+                    attempts=attempt.number, started_at=attempt.started, output=output,
+                )
+            )  # fmt: skip
+            wake = min(outcome.wait_until or state.deadline, state.deadline)
+            progress = self._progress(state, **_released(wake))
+        else:
+            done = Outcome(output={"run_id": child.run_id})
+            self._record(state, attempt.record(StepStatus.COMPLETED, now, done))
+            state.idx += 1
+            progress = self._progress(state)
+        async with self._db.transaction() as conn:
+            await runs_store.insert_run(conn, child)
+            [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+            if not ok:
+                raise runs_store.LeaseLost(run.run_id)
+        state.pending = _Pending()
+        run.status = RunStatus.RUNNING
+        return RunStatus.RUNNING if spec["wait"] else None
+
+    async def _step_failed(
+        self, state: _InFlight, attempt: _Attempt, type_: str, message: str
+    ) -> RunStatus | None:
+        """The attempt fails the step (and so the run) with ``type_`` and ``message``."""
+        outcome = failure(type_, message)
+        self._record(state, attempt.record(StepStatus.FAILED, self._clock.now(), outcome))
+        state.idx += 1
+        return await self._go_on(state, attempt.step, outcome)
+
+    async def _wake_call(self, state: _InFlight, prior: RunStep, now: datetime) -> RunStatus | None:
+        """A run sleeping in a ``flow`` step was claimed: its child ended (the step takes its
+        output, or fails), the wait's time is up (the child is cancelled, the step fails), or
+        it was woken early (it sleeps again, under the lock the child's end takes)."""
+        run, step = state.run, state.flow.steps[state.idx]
+        until = prior.output.get("until")
+        deadline = min(_parse_time(until), state.deadline) if until else state.deadline
+        async with self._db.transaction() as conn:
+            await children_store.lock_parent(conn, run.run_id)
+            child = await children_store.child_at(conn, run.run_id, state.idx)
+            going = child is not None and not child.status.terminal
+            if going and now < deadline:
+                progress = self._progress(state, **_released(deadline))
+                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+                if not ok:
+                    raise runs_store.LeaseLost(run.run_id)
+                state.pending = _Pending()
+                return RunStatus.RUNNING
+            if going:  # its time is up: the child goes too
+                ended = await children_store.cancel_children(conn, [run.run_id], now)
+                await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
+        finished = replace(
+            prior, finished_at=now, duration_ms=elapsed_ms(prior.started_at or now, now)
+        )
+        child_id = prior.output["run_id"]
+        error: dict[str, Any] | None = None
+        if child is None:
+            error = {"type": "child_failed", "message": f"child run {child_id} is gone"}
+        elif going:
+            seconds = getattr(step, "timeout_after", None) or state.flow.timeout
+            error = {
+                "type": "timeout",
+                "message": f"child run {child_id} did not end within {seconds:g} s; "
+                "it was cancelled",
+            }
+        elif child.status is RunStatus.FAILED:
+            why = (child.error or {}).get("message", "")
+            error = {"type": "child_failed", "message": f"child run {child_id} failed: {why}"}
+        elif child.status is RunStatus.CANCELLED:
+            error = {"type": "child_cancelled", "message": f"child run {child_id} was cancelled"}
+        if error is not None:
+            error["run_id"] = child_id
+            self._record(
+                state, replace(finished, status=StepStatus.FAILED, output=None, error=error)
+            )
+            state.idx += 1
+            return await self._go_on(state, step, Outcome(error=error, action="fail"))
+        assert child is not None
+        self._record(state, replace(finished, status=StepStatus.COMPLETED, output=child.output))
+        state.idx += 1
+        # the child's end is stored (its run): found again after a crash
+        return await self._go_on(state, step, Outcome(output=child.output), durable=True)
+
+    # -- parallel and map: steps that run parts side by side -----------------------------
+
+    async def _fan(self, state: _InFlight, attempt: _Attempt, outcome: Outcome) -> RunStatus | None:
+        """A ``parallel`` or ``map`` step reached: queue its parts (the first ``concurrency``
+        of a map's claimable now) and sleep without a lease until the last one ends, one fails,
+        or the step's time is up. The parts and the step's ``waiting`` record are one commit."""
+        run, step = state.run, attempt.step
+        specs: list[dict[str, Any]] = outcome.output["parts"]
+        now = self._clock.now()
+        if not specs:  # a map over an empty list
+            self._record(state, attempt.record(StepStatus.COMPLETED, now, Outcome(output=[])))
+            state.idx += 1
+            return await self._go_on(state, step, Outcome(output=[]))
+        parts = [
+            Run(
+                run_id=new_id("part"),
+                workspace_id=run.workspace_id,
+                mode=run.mode,
+                flow_id=run.flow_id,
+                flow_version=run.flow_version,
+                trigger="part",
+                status=RunStatus.QUEUED,
+                payload={},
+                queued_at=now,
+                parent_run_id=run.run_id,
+                parent_idx=attempt.idx,
+                root_run_id=run.root_run_id or run.run_id,
+                scope={"step": step.id, "depth": (run.scope or {}).get("depth", 0), **spec},
+            )
+            for spec in specs
+        ]
+        released = step.concurrency if isinstance(step, MapStep) else len(parts)
+        output = {"parts": len(parts), "until": outcome.output["until"]}
+        state.pending.steps.append(
+            RunStep(
+                idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
+                attempts=attempt.number, started_at=attempt.started, output=output,
+            )
+        )  # fmt: skip
+        wake = min(outcome.wait_until or state.deadline, state.deadline)
+        progress = self._progress(state, **_released(wake))
+        async with self._db.transaction() as conn:
+            await children_store.insert_parts(conn, parts, released=released)
+            [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+            if not ok:
+                raise runs_store.LeaseLost(run.run_id)
+        state.pending = _Pending()
+        run.status = RunStatus.RUNNING
+        return RunStatus.RUNNING
+
+    async def _wake_fan(self, state: _InFlight, prior: RunStep, now: datetime) -> RunStatus | None:
+        """A run sleeping in a ``parallel`` or ``map`` step was claimed: every part completed
+        (the step's output gathers theirs), one failed (the others are stopped and the step
+        fails), the step's time is up (likewise), or it was woken early (it sleeps again,
+        under the lock the parts' ends take)."""
+        run, step = state.run, state.flow.steps[state.idx]
+        until = prior.output.get("until")
+        deadline = min(_parse_time(until), state.deadline) if until else state.deadline
+        async with self._db.transaction() as conn:
+            await children_store.lock_parent(conn, run.run_id)
+            parts = await children_store.parts_at(conn, run.run_id, state.idx)
+            failed = [p for p in parts if p.status in (RunStatus.FAILED, RunStatus.CANCELLED)]
+            going = any(not p.status.terminal for p in parts)
+            if going and not failed and now < deadline:
+                progress = self._progress(state, **_released(deadline))
+                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+                if not ok:
+                    raise runs_store.LeaseLost(run.run_id)
+                state.pending = _Pending()
+                return RunStatus.RUNNING
+            if going:  # the others stop
+                await children_store.cancel_children(conn, [run.run_id], now, idx=state.idx)
+        state.run.steps_executed += sum(p.steps_executed for p in parts)
+        finished = replace(
+            prior, finished_at=now, duration_ms=elapsed_ms(prior.started_at or now, now)
+        )
+        error: dict[str, Any] | None = None
+        if failed:
+            error = _part_error(failed[0])
+        elif going:
+            seconds = getattr(step, "timeout_after", None) or state.flow.timeout
+            error = {"type": "timeout", "message": f"step took longer than {seconds:g} s"}
+        if error is not None:
+            self._record(
+                state, replace(finished, status=StepStatus.FAILED, output=None, error=error)
+            )
+            state.idx += 1
+            return await self._go_on(state, step, Outcome(error=error, action="fail"))
+        if isinstance(step, ParallelStep):
+            output: Any = {(p.scope or {}).get("branch"): p.output for p in parts}
+        else:
+            output = [p.output for p in parts]
+        outcome = Outcome(output=output)
+        _check_output(outcome, self._max_output)
+        if outcome.error is not None:
+            self._record(
+                state, replace(finished, status=StepStatus.FAILED, output=None, error=outcome.error)
+            )
+            state.idx += 1
+            return await self._go_on(state, step, outcome)
+        self._record(state, replace(finished, status=StepStatus.COMPLETED, output=output))
+        if isinstance(step, ParallelStep):
+            await self._see_branches(run, {}, state.ctx, idxs=[state.idx])
+        state.idx += 1
+        # the parts' ends are stored (their rows): found again after a crash
+        return await self._go_on(state, step, outcome, durable=True)
+
+    def _ending(self, run: Run, status: RunStatus) -> runs_store.Progress | None:
+        """What else the write that ends ``run`` does, as a ``before`` hook: wake the run
+        waiting for it (a child's end; a part's, see :func:`children_store.part_ended`), and
+        cancel the runs and parts it leaves (a run that fails or is cancelled while they go).
+        ``None`` when there is nothing to do."""
+        parent = run.parent_run_id
+        orphans = status is not RunStatus.COMPLETED
+        if parent is None and not orphans:
+            return None
+        now = self._clock.now()
+
+        async def hook(conn: AsyncConnection) -> bool:
+            if parent is not None:
+                await children_store.lock_parent(conn, parent)
+                if run.root_run_id is None:
+                    await children_store.wake_parent(conn, parent, now)
+            if orphans:
+                ended = await children_store.cancel_children(conn, [run.run_id], now)
+                events = [cancelled_event(r, now) for r in ended if r.root_run_id is None]
+                await events_store.insert_events(conn, events)
+            return True
+
+        async def part_ended(conn: AsyncConnection) -> None:
+            await children_store.part_ended(conn, run, status, now)
+
+        key = children_store.lock_key(parent) if parent is not None else ""
+        after = part_ended if run.root_run_id is not None else None
+        return runs_store.Progress(run.run_id, (), before=hook, lock_key=key, after=after)
+
     # -- finish: end the run ---------------------------------------------------------------
 
     async def _complete(self, state: _InFlight) -> RunStatus:
@@ -760,7 +1191,13 @@ class Executor:
         it fails when that output cannot be evaluated or stored."""
         output = None
         compiled = state.flow
-        if compiled.output is not None:
+        if state.run.root_run_id is not None:  # a part: the output of its last step that ran
+            for step in reversed(compiled.steps):
+                seen = state.ctx["steps"].get(step.id)
+                if seen is not None and seen["status"] == "completed":
+                    output = seen["output"]
+                    break
+        elif compiled.output is not None:
             try:
                 output = await evaluate(compiled.output, state.ctx)
                 problem = _output_problem(output, self._max_output)
@@ -833,12 +1270,14 @@ class Executor:
         }
         if next_step is not None:
             values["next_step"] = next_step
-        pending.events.append(_ended_event(run, status, values, now))
+        if run.root_run_id is None:  # a part's end is its step's business, not an event
+            pending.events.append(_ended_event(run, status, values, now))
         changes: tuple[runs_store.StatusChange, ...] = (runs_store.StatusChange(status, values),)
         if run.status is RunStatus.QUEUED:  # started and finished in one commit
             changes = (runs_store.StatusChange(RunStatus.RUNNING, {}), *changes)
         await self._write(run, changes, pending.steps, pending.events)
-        metrics.RUNS_FINISHED.labels(status=str(status)).inc()
+        if run.root_run_id is None:
+            metrics.RUNS_FINISHED.labels(status=str(status)).inc()
         run.status = status
         return status
 
@@ -863,9 +1302,35 @@ class Executor:
         stopped = {"type": "cancelled", "message": "the run was cancelled during this step"}
         self._close_open(run, pending, now, stopped, cut=True)
         cancel = runs_store.StatusChange(RunStatus.CANCELLED, values, honour_cancel=False)
-        await self._write(run, (cancel,), pending.steps, [cancelled_event(run, now)])
-        metrics.RUNS_FINISHED.labels(status="cancelled").inc()
+        events = [cancelled_event(run, now)] if run.root_run_id is None else []
+        await self._write(run, (cancel,), pending.steps, events)
+        if run.root_run_id is None:
+            metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
+
+
+def _part_error(part: Run) -> dict[str, Any]:
+    """Why a ``parallel`` or ``map`` step failed: the part that failed first in order."""
+    scope = part.scope or {}
+    why = "was cancelled" if part.status is RunStatus.CANCELLED else "failed"
+    detail = (part.error or {}).get("message")
+    tail = f": {detail}" if detail else ""
+    if "branch" in scope:
+        message = f"branch {scope['branch']!r} {why}{tail}"
+        return {"type": "branch_failed", "message": message, "branch": scope["branch"]}
+    message = f"item {scope.get('index')} {why}{tail}"
+    return {"type": "item_failed", "message": message, "index": scope.get("index")}
+
+
+def _nesting(scope: dict[str, Any]) -> dict[str, Any]:
+    """Where a part's step sits: ``parent`` (the ``parallel`` or ``map`` step) and ``branch``
+    or ``index``."""
+    where: dict[str, Any] = {"parent": scope.get("step")}
+    if "branch" in scope:
+        where["branch"] = scope["branch"]
+    if "index" in scope:
+        where["index"] = scope["index"]
+    return where
 
 
 def _released(wake: datetime) -> dict[str, Any]:

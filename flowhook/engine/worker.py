@@ -80,6 +80,7 @@ class Worker(Consumer):
         max_claims: int = 5,
         allow_private_targets: bool = False,
         max_step_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_map_items: int = 1000,
         plugins: list[str] | None = None,
         owner: str | None = None,
         public_url: str = "http://127.0.0.1:8080",
@@ -97,6 +98,7 @@ class Worker(Consumer):
         self._max_claims = max_claims
         self._allow_private = allow_private_targets
         self._max_output = max_step_output_bytes
+        self._max_map_items = max_map_items
         load_plugins(plugins or [])
         self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(
             self._commit_progress, max_batch=PROGRESS_BATCH, isolate=redo_alone
@@ -107,6 +109,7 @@ class Worker(Consumer):
             self.owner,
             max_claims=max_claims,
             max_output_bytes=max_step_output_bytes,
+            max_map_items=max_map_items,
             apply=self._writes.submit,
             public_url=public_url,
         )
@@ -125,6 +128,7 @@ class Worker(Consumer):
                 allow_private_targets=self._allow_private,
                 max_claims=self._max_claims,
                 max_output_bytes=self._max_output,
+                max_map_items=self._max_map_items,
                 apply=self._writes.submit,
                 public_url=self._public_url,
             )

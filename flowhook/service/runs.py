@@ -14,6 +14,7 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
+from flowhook.definition.schema import NESTING
 from flowhook.errors import (
     Conflict,
     IdempotencyConflict,
@@ -28,6 +29,7 @@ from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
 from flowhook.service.rerun import parse_version, plan_rerun
+from flowhook.store import children as children_store
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -312,11 +314,16 @@ class RunService:
             )
         return found
 
-    async def get(self, who: Principal, run_id: str) -> Run:
+    async def get(self, who: Principal, run_id: str, *, nested: bool = True) -> Run:
+        """The run with its step records, and (``nested``) those of its branches and items
+        after the step that ran them."""
         if not is_id(run_id, "run"):
             raise missing("run", run_id)
         async with self._db.read() as conn:
             run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
+            if nested and run is not None and any(s.type in NESTING for s in run.steps):
+                parts = await children_store.nested_of(conn, run_id)
+                run.steps = children_store.with_nested(run.steps, parts, run_id)
         if run is None:
             raise missing("run", run_id)
         return run
@@ -327,14 +334,20 @@ class RunService:
             raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds", field="wait")
         deadline = asyncio.get_running_loop().time() + seconds
         while True:
-            run = await self.get(who, run_id)
+            run = await self.get(who, run_id, nested=False)
             left = deadline - asyncio.get_running_loop().time()
             if run.status.terminal or left <= 0:
-                return run
+                return await self.get(who, run_id)
             await asyncio.sleep(min(LONG_POLL_INTERVAL, left))
 
+    async def children(self, who: Principal, run_id: str) -> dict[int, Run]:
+        """The child runs the run's ``flow`` steps started, by step index."""
+        await self.get(who, run_id, nested=False)
+        async with self._db.read() as conn:
+            return await children_store.children_of(conn, run_id)
+
     async def events(self, who: Principal, run_id: str) -> list[Event]:
-        await self.get(who, run_id)
+        await self.get(who, run_id, nested=False)
         async with self._db.read() as conn:
             return await events_store.list_events_for_run(conn, run_id)
 
@@ -370,6 +383,8 @@ class RunService:
         now = self._clock.now()
         async with self._db.transaction() as conn:
             run = await self._unfinished(conn, who, run_id)
+            if run.parent_run_id is not None:  # locks before rows (the lock order rule)
+                await children_store.lock_parent(conn, run.parent_run_id)
             duration = run_duration_ms(run, now)
             if await runs_store.cancel_unleased(
                 conn, who.workspace_id, who.mode, run_id, now,
@@ -378,7 +393,10 @@ class RunService:
                 run.status = RunStatus.CANCELLED
                 run.finished_at = run.cancel_requested_at = now
                 run.duration_ms = duration
-                await events_store.insert_events(conn, [cancelled_event(run, now)])
+                ended = [run, *await children_store.cancel_children(conn, [run_id], now)]
+                await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
+                if run.parent_run_id is not None:
+                    await children_store.wake_parent(conn, run.parent_run_id, now)
                 return run
             run = await self._unfinished(conn, who, run_id)  # a worker holds it, or it ended
             if run.cancel_requested_at is None:

@@ -164,6 +164,13 @@ class RunStep:
     """The attempts that started and never recorded an outcome (by number)."""
     reused: bool = False
     """A rerun's step copied from the run it reruns: it did not run again."""
+    parent: str | None = None
+    """A nested step's enclosing ``parallel`` or ``map`` step (read, not stored: its part
+    says), with its ``branch`` or item ``index``."""
+    branch: str | None = None
+    index: int | None = None
+    depth: int = 0
+    """How deep it is nested (0: a step of the run itself)."""
 
     @classmethod
     def from_row(cls, row: Any) -> RunStep:
@@ -197,6 +204,11 @@ class Run:
     cancel_requested_at: datetime | None = None
     rerun_of: str | None = None
     """The run this one reruns, when it is a rerun."""
+    parent_run_id: str | None = None
+    """The run whose ``flow`` step started this one (it waits for it, at ``parent_idx``)."""
+    parent_idx: int | None = None
+    root_run_id: str | None = None
+    scope: dict[str, Any] | None = None
     steps: list[RunStep] = field(default_factory=list)
 
     @classmethod
@@ -209,7 +221,7 @@ class Run:
         (default: :attr:`payload`, encoded by the store)."""
         return to_row(
             self,
-            _RUN_INSERT,
+            _RUN_INSERT if self.parent_run_id is None else _RUN_INSERT_NESTED,
             payload=self.payload if payload is None else payload,
             available_at=self.queued_at,
             due_at=self.queued_at,
@@ -352,6 +364,7 @@ _RUN_INSERT = (
     *("run_id", "workspace_id", "mode", "flow_id", "flow_version", "trigger", "status"),
     *("queued_at", "next_step", "rerun_of"),
 )
+_RUN_INSERT_NESTED = (*_RUN_INSERT, "parent_run_id", "parent_idx", "root_run_id", "scope")
 _STEP_CONVERT = {"status": StepStatus, "interrupted": lambda v: tuple(v or ())}
 _STEP_COLUMNS = (
     *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),

@@ -10,7 +10,7 @@ which neither moves, so a run whose worker died goes before the runs that fell d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -28,6 +28,7 @@ from flowhook.store.tables import run_steps, runs
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "RUN_COLUMNS",
     "LeaseLost",
     "insert_run",
     "insert_runs",
@@ -60,7 +61,7 @@ class LeaseLost(Exception):
     the run's status does not allow the move (another process moved it first)."""
 
 
-_RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
+RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
 
 _CLAIMABLE = text(ACTIVE_RUN)
 """Queued or running: what the queue holds (written out, see :mod:`flowhook.store.guards`)."""
@@ -111,7 +112,7 @@ async def insert_runs(
 async def find_by_idempotency_key(
     conn: AsyncConnection, workspace_id: str, mode: Mode, key: str
 ) -> tuple[Run, str] | None:
-    q = select(*_RUN_COLUMNS, runs.c.request_hash).where(
+    q = select(*RUN_COLUMNS, runs.c.request_hash).where(
         runs.c.workspace_id == workspace_id,
         runs.c.mode == str(mode),
         runs.c.idempotency_key == key,
@@ -134,7 +135,7 @@ async def _steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
 
 async def get_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str) -> Run | None:
     """The run with its steps, if the workspace and mode own it."""
-    q = select(*_RUN_COLUMNS).where(owned(runs.c.run_id, run_id, workspace_id, mode))
+    q = select(*RUN_COLUMNS).where(owned(runs.c.run_id, run_id, workspace_id, mode))
     row = (await conn.execute(q)).first()
     if row is None:
         return None
@@ -145,7 +146,7 @@ async def get_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: 
 
 async def get_run_by_id(conn: AsyncConnection, run_id: str) -> Run | None:
     """The run with its steps, whoever owns it (for the engine)."""
-    row = (await conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id))).first()
+    row = (await conn.execute(select(*RUN_COLUMNS).where(runs.c.run_id == run_id))).first()
     if row is None:
         return None
     run = Run.from_row(row)
@@ -165,9 +166,9 @@ async def list_runs(
 ) -> list[Run]:
     """Newest first, without steps; ``after`` is the last run id of the page before."""
     q = page(
-        _RUN_COLUMNS, runs.c.run_id, workspace_id, mode, limit=limit, after=after,
+        RUN_COLUMNS, runs.c.run_id, workspace_id, mode, limit=limit, after=after,
         flow_id=flow_id, status=status,
-    )  # fmt: skip
+    ).where(runs.c.root_run_id.is_(None))  # fmt: skip
     return [Run.from_row(r) for r in (await conn.execute(q)).all()]
 
 
@@ -204,7 +205,7 @@ async def claim_runs(
             available_at=lease_until,
             claims=runs.c.claims + 1,
         )
-        .returning(*_RUN_COLUMNS)
+        .returning(*RUN_COLUMNS)
     )
     claimed = [Run.from_row(r) for r in (await conn.execute(stmt)).all()]
     claimed.sort(key=lambda r: r.queued_at)
@@ -282,6 +283,16 @@ class Progress:
     changes: tuple[StatusChange, ...]
     steps: Sequence[RunStep] = ()
     events: Sequence[Event] = ()
+    before: Callable[[AsyncConnection], Awaitable[bool]] | None = None
+    """Run first in the transaction, before any ``runs`` row is locked, in ``lock_key`` order
+    among the items that have one (so the locks it takes are taken in one order by every
+    transaction): it may lock and write rows of its own; ``False`` leaves this item's own
+    writes out (it answers ``True``). A ``wait`` step parks its run with one."""
+    lock_key: str = ""
+    after: Callable[[AsyncConnection], Awaitable[None]] | None = None
+    """Run once this item's writes (and those of every other item of the transaction) are
+    done, if they applied: a part that ends looks at its siblings then, so of two that end in
+    one transaction the second sees the first ended."""
 
 
 def _move(item: Progress) -> tuple[str, dict[str, Any]]:
@@ -318,27 +329,39 @@ async def apply_progress(
     """
     if not items:
         return []
-    if conn.dialect.name == "postgresql":
+    applied = [False] * len(items)
+    first = sorted(
+        (i for i, item in enumerate(items) if item.before), key=lambda i: items[i].lock_key
+    )
+    for i in first:
+        before = items[i].before
+        assert before is not None
+        if not await before(conn):
+            applied[i] = True  # done by ``before``: nothing of its own to write
+    left = [i for i, done in enumerate(applied) if not done]
+    if conn.dialect.name == "postgresql" and left:
         await conn.execute(
             select(runs.c.run_id)
-            .where(runs.c.run_id.in_([item.run_id for item in items]), runs.c.lease_owner == owner)
+            .where(runs.c.run_id.in_([items[i].run_id for i in left]), runs.c.lease_owner == owner)
             .order_by(runs.c.run_id)
             .with_for_update()
         )
     shapes: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-    rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for i, item in enumerate(items):
-        guard, values = _move(item)
+    rows: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for i in left:
+        guard, values = _move(items[i])
         shapes.setdefault((guard, tuple(sorted(values))), []).append(i)
-        rows.append((values, {"run_id": item.run_id, "lease_owner": owner}))
-    applied = [False] * len(items)
+        rows[i] = (values, {"run_id": items[i].run_id, "lease_owner": owner})
     for (guard, _), members in shapes.items():
         done = await bulk.update_each(conn, runs, [rows[i] for i in members], guard=guard)
         for i, ok in zip(members, done, strict=True):
             applied[i] = ok
-    won = [item for item, ok in zip(items, applied, strict=True) if ok]
+    won = [items[i] for i in left if applied[i]]
     await events_store.insert_events(conn, [e for item in won for e in item.events])
     await _upsert_steps(conn, [(item.run_id, s) for item in won for s in item.steps])
+    for item in won:
+        if item.after is not None:
+            await item.after(conn)
     return applied
 
 
@@ -423,19 +446,27 @@ async def count_in_flight_ahead(conn: AsyncConnection, run: Run) -> int:
     executes was admitted this way and is ``running`` and leased while it does, so the count
     includes all of them. A lease that ran out still counts until another worker takes the run
     (which it does as soon as it is due): its worker may still be executing it, having failed
-    to renew the lease but not yet noticed."""
+    to renew the lease but not yet noticed. A run whose ``parallel`` or ``map`` step has
+    branches or items still going counts too (they are that run, executing)."""
     if conn.dialect.name == "postgresql":
         key = func.hashtextextended(f"flowhook.concurrency:{run.flow_id}", 0)
         await conn.execute(select(func.pg_advisory_xact_lock(key)))
+    whose = func.coalesce(runs.c.root_run_id, runs.c.run_id)
     q = (
-        select(func.count())
+        select(func.count(whose.distinct()))
         .select_from(runs)
         .where(
             runs.c.flow_id == run.flow_id,
-            runs.c.run_id != run.run_id,
-            or_(runs.c.run_id < run.run_id, runs.c.status == str(RunStatus.RUNNING)),
+            whose != run.run_id,
             _CLAIMABLE,
-            runs.c.lease_owner.is_not(None),
+            or_(
+                # a run whose branches or items go is in flight, held by a worker or not
+                runs.c.root_run_id.is_not(None),
+                and_(
+                    runs.c.lease_owner.is_not(None),
+                    or_(runs.c.run_id < run.run_id, runs.c.status == str(RunStatus.RUNNING)),
+                ),
+            ),
         )
     )
     return int((await conn.execute(q)).scalar_one())

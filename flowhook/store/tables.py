@@ -158,9 +158,25 @@ runs = Table(
     Column("request_hash", String(64)),
     # The run this one reruns (its steps before the rerun's first one are reused).
     _ref("rerun_of", required=False),
+    # A run started by a step of another (a ``flow`` step's child, or a part: one branch of
+    # a ``parallel`` or one item of a ``map``): the row and the index of the step that waits
+    # for it. A part also names the run people see (``root_run_id``) and which branch or
+    # item it is (``scope``); a child run is a run like any other.
+    _ref("parent_run_id", required=False),
+    Column("parent_idx", Integer),
+    _ref("root_run_id", required=False),
+    Column("scope", JSONType),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
+    Index(
+        "ix_runs_parent",
+        "parent_run_id",
+        "parent_idx",
+        "run_id",
+        postgresql_where=text("parent_run_id IS NOT NULL"),
+        sqlite_where=text("parent_run_id IS NOT NULL"),
+    ),
     Index(None, "workspace_id", "mode", "run_id"),
     Index(None, "flow_id", "run_id"),
 )

@@ -7,6 +7,7 @@ every form carries the session's CSRF token and is refused without it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthe
 from flowhook.events import EVENT_TYPES
 from flowhook.service import Principal, Services
 from flowhook.signing import build_headers, new_secret
-from flowhook.store.models import Run
+from flowhook.store.models import Run, RunStep, StepStatus
 from flowhook.store.sessions import WebSession
 from flowhook.web.security import foreign_origin, secure_cookie
 
@@ -386,12 +387,16 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     events = await p.services.runs.events(p.who, run_id)
     sent = await p.services.webhooks.list_deliveries(p.who, limit=100, cursor=None, run_id=run_id)
     template = "run_body.html" if p.request.query_params.get("partial") else "run.html"
+    children = await p.services.runs.children(p.who, run_id)
+    names = {c.flow_id: await _flow_name(p, c.flow_id) for c in children.values()}
     return p.render(
         template,
         code,
         r=r,
         flow_name=await _flow_name(p, r.flow_id),
-        bars=_timeline(r, datetime.now(UTC)),
+        tree=_tree(r.steps, _timeline(r, datetime.now(UTC))),
+        children=children,
+        child_flow_names=names,
         events=events,
         deliveries=sent.data,
         notice=p.request.query_params.get("notice"),
@@ -407,23 +412,74 @@ async def _flow_name(p: Page, flow_id: str) -> str | None:
         return None
 
 
-def _timeline(r: Run, now: datetime) -> dict[int, tuple[float, float]]:
-    """Per step that ran in this run (by index): where its bar starts and how wide it is, in
-    percent of the run's time so far, so the page draws the steps as a timeline."""
+def _timeline(r: Run, now: datetime) -> list[tuple[float, float] | None]:
+    """Per step record that ran in this run (in the order of ``r.steps``): where its bar
+    starts and how wide it is, in percent of the run's time so far, so the page draws the
+    steps as a timeline."""
     begin = r.started_at
     if begin is None:
-        return {}
+        return [None] * len(r.steps)
     end = r.finished_at or now
     span = max((end - begin).total_seconds(), 1e-3)
-    bars = {}
+    bars: list[tuple[float, float] | None] = []
     for s in r.steps:
         if s.reused or s.started_at is None:
+            bars.append(None)
             continue
         left = max(0.0, (s.started_at - begin).total_seconds() / span * 100)
         stop = (s.finished_at or end) - begin
         width = max(0.5, min(100 - left, stop.total_seconds() / span * 100 - left))
-        bars[s.idx] = (round(left, 2), round(width, 2))
+        bars.append((round(left, 2), round(width, 2)))
     return bars
+
+
+@dataclass
+class _Node:
+    """A step on the run page with its bar and, for a ``parallel`` or ``map`` step, its
+    branches or items (each a list of nodes) and how many items ended how."""
+
+    step: RunStep
+    bar: tuple[float, float] | None
+    groups: list[tuple[str, list[_Node]]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[_Node]:
+    """The run's step records (nested ones after their ``parallel`` or ``map`` step, deeper
+    ones after theirs) as a tree: branches by name, items by index."""
+    nodes = [_Node(s, b) for s, b in zip(steps, bars, strict=True)]
+    top: list[_Node] = []
+    stack: list[_Node] = []
+    for node in nodes:
+        while stack and stack[-1].step.depth >= node.step.depth:
+            stack.pop()
+        if not stack:
+            top.append(node)
+        else:
+            holder = stack[-1]
+            s = node.step
+            label = f"branch {s.branch}" if s.branch is not None else f"item {s.index}"
+            if not holder.groups or holder.groups[-1][0] != label:
+                holder.groups.append((label, []))
+            holder.groups[-1][1].append(node)
+        stack.append(node)
+    for node in nodes:
+        if node.step.type == "map":
+            for _, members in node.groups:
+                state = _item_status(members)
+                node.counts[state] = node.counts.get(state, 0) + 1
+    return top
+
+
+def _item_status(members: list[_Node]) -> str:
+    """How an item (or branch) stands, from its steps: failed if one failed, else going
+    while one is not done, else completed."""
+    statuses = {m.step.status for m in members}
+    if StepStatus.FAILED in statuses:
+        return "failed"
+    if statuses <= {StepStatus.COMPLETED, StepStatus.SKIPPED}:
+        return "completed"
+    return "waiting" if StepStatus.WAITING in statuses else "running"
 
 
 @router.post("/runs/{run_id}/cancel")

@@ -362,3 +362,81 @@ def test_approve_from_the_run_page_and_by_link(app: Server, page: Any) -> None:
     page.goto(links["reject_url"].replace("http://127.0.0.1:8080", app.base))
     assert "Already decided" in page.inner_text("main")  # single use: both links are spent
     api.close()
+
+
+def test_a_parent_and_its_child_run_link_each_other(app: Server, page: Any) -> None:
+    """A run whose ``flow`` step started a child shows the child (status, link); the child's
+    page links back to its parent."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    child = {
+        "name": "Ship order",
+        "steps": [{"id": "label", "type": "transform", "output": {"label": "L-{{ payload.n }}"}}],
+        "output": {"label": "{{ steps.label.output.label }}"},
+    }
+    child_id = api.post("/api/v1/flows", json=child).json()["flow_id"]
+    parent = {
+        "name": "Order",
+        "steps": [
+            {"id": "ship", "type": "flow", "flow_id": child_id, "payload": {"n": 7}},
+            {"id": "done", "type": "transform", "output": {"ok": True}},
+        ],
+    }
+    parent_id = api.post("/api/v1/flows", json=parent).json()["flow_id"]
+    run_id = api.post("/api/v1/flows/execute", json={"flow_id": parent_id}).json()["run_id"]
+    for _ in range(200):
+        if api.get(f"/api/v1/flows/runs/{run_id}").json()["status"] == "completed":
+            break
+        time.sleep(0.05)
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{run_id}")
+    line = page.inner_text("li[data-step=ship] .child")
+    assert "Child run of Ship order run_" in line and "completed" in line
+    shot(page, "23-run-with-child")
+    page.click("li[data-step=ship] a.child-run")
+    page.wait_for_selector("#parent-run")
+    assert "Ship order" in page.inner_text(".facts")
+    assert run_id in page.inner_text("#parent-run")
+    shot(page, "24-child-run")
+    api.close()
+
+
+def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -> None:
+    """A parallel's branches side by side, a map's items counted by status and listed."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Enrich and charge",
+        "steps": [
+            {"id": "enrich", "type": "parallel", "branches": {
+                "crm": [{"id": "crm_look", "type": "transform", "output": {"tier": "gold"}}],
+                "billing": [{"id": "bill_look", "type": "transform", "output": {"owed": 3}},
+                            {"id": "bill_sum", "type": "transform", "output": {"owed": 6}}]}},
+            {"id": "each", "type": "map", "items": "{{ payload.lines }}", "concurrency": 2,
+             "steps": [{"id": "check", "type": "condition", "if": "{{ item > 0 }}", "else": "fail"},
+                       {"id": "charge", "type": "transform", "output": {"cents": "{{ item * 100 }}"}}]},
+        ],
+    }  # fmt: skip
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    body = {"flow_id": flow_id, "payload": {"lines": [1, 2, 3, -4]}}
+    run_id = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    for _ in range(200):
+        if api.get(f"/api/v1/flows/runs/{run_id}").json()["status"] == "failed":
+            break
+        time.sleep(0.05)
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{run_id}")
+    shot(page, "25-run-tree")
+    branches = page.locator("li[data-step=enrich] .branch")
+    assert branches.count() == 2
+    assert (
+        "branch crm" in branches.nth(0).inner_text() or "branch crm" in branches.nth(1).inner_text()
+    )
+    counts = page.inner_text("li[data-step=each] .counts")
+    assert "4 items" in counts and "3 completed" in counts and "1 failed" in counts
+    page.click("li[data-step=each] details.items > summary")
+    assert page.locator("li[data-step=each] .item").count() == 4
+    shot(page, "25-run-tree")
+    api.close()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -213,3 +214,70 @@ def api_key(database_url: str) -> str:
         check=True,
     )
     return str(json.loads(out.stdout)["key"])
+
+
+def done(c: httpx.Client, run_id: str) -> dict[str, Any] | None:
+    run: dict[str, Any] = c.get(f"/api/v1/flows/runs/{run_id}").json()
+    return run if run["status"] == "completed" else None
+
+
+def test_a_map_is_spread_over_both_workers_and_the_flow_cap_holds(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """One run's map items run in both worker processes; three runs of a flow capped at one
+    run at a time still run one after another while their items spread."""
+    from tests.conftest import _truncate_all
+
+    _truncate_all(pg_url)
+    env = {
+        "FLOWHOOK_PLUGINS": "tests.plugins",
+        "PYTHONPATH": str(ROOT),
+        "FLOWHOOK_LOG_LEVEL": "warning",
+        # eight slots a worker: one worker alone cannot hold a run's forty items at once
+        "FLOWHOOK_WORKER_CONCURRENCY": "8",
+    }
+    flow = {
+        "name": "spread",
+        "concurrency": 1,
+        "steps": [
+            {"id": "each", "type": "map", "items": "{{ range(40) | list }}", "concurrency": 40,
+             "steps": [{"id": "who", "type": "python", "function": "whoami", "input": 0.05}]},
+        ],
+    }  # fmt: skip
+    key = api_key(pg_url)
+    with (
+        serve(tmp_path, pg_url, "api", **env) as api,
+        worker(tmp_path, pg_url, **env),
+        worker(tmp_path, pg_url, **env),
+        httpx.Client(
+            base_url=api.base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as c,
+    ):
+        # Both workers start together but one may be claiming seconds before the other on a
+        # busy machine: warm up until each has run an item, so the test measures the spread.
+        probe = {"name": "probe", "steps": flow["steps"]}
+        probe_id = c.post("/api/v1/flows", json=probe).json()["flow_id"]
+        seen: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            run_id = c.post("/api/v1/flows/execute", json={"flow_id": probe_id}).json()["run_id"]
+            run = wait_for(lambda r=run_id: done(c, r), timeout=60)
+            seen |= {o["pid"] for o in run["steps"][0]["output"]}
+        assert len(seen) == 2, f"the second worker never claimed work: {seen}"
+
+        flow_id = c.post("/api/v1/flows", json=flow).json()["flow_id"]
+        ids = [
+            c.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()["run_id"]
+            for _ in range(3)
+        ]
+
+        def finished() -> list[dict[str, Any]] | None:
+            runs = [c.get(f"/api/v1/flows/runs/{r}").json() for r in ids]
+            return runs if all(r["status"] == "completed" for r in runs) else None
+
+        runs = wait_for(finished, timeout=60)
+    pids = {o["pid"] for r in runs for o in r["steps"][0]["output"]}
+    assert len(pids) == 2, pids  # the items ran in both workers
+    spans = sorted((r["started_at"], r["finished_at"]) for r in runs)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start, spans  # the flow's cap: one run at a time

@@ -105,3 +105,53 @@ def test_expressions_past_the_compilers_limits_are_invalid_not_a_crash(expressio
     flow = {"name": "x", "steps": [{"id": "a", "type": "transform", "output": {"v": expression}}]}
     with pytest.raises(InvalidDefinition, match=r"steps\[0\]\.output"):
         validate_definition(flow)
+
+
+def _with(step: dict[str, Any]) -> dict[str, Any]:
+    return {**copy.deepcopy(DESIGN_EXAMPLE), "steps": [*DESIGN_EXAMPLE["steps"], step]}
+
+
+@pytest.mark.parametrize(
+    ("expression", "named"),
+    [
+        ("{{ steps.prize.output.total }}", "prize"),
+        ("{{ steps['pricing'].output }}", "pricing"),
+        ("total: {{ steps.price.output.total }} / {{ steps.tax.output }}", "tax"),
+    ],
+)
+def test_a_literal_reference_to_a_step_the_flow_lacks_is_refused(
+    expression: str, named: str
+) -> None:
+    step = {"id": "sum", "type": "transform", "output": {"v": expression}}
+    with pytest.raises(InvalidDefinition) as exc:
+        validate_definition(_with(step))
+    assert exc.value.field == "definition.steps[4].output"
+    assert f"steps.{named}, but the flow has no step {named!r}" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "{{ steps.price.output }}",
+        "{{ steps[payload.which] }}",  # not literal: looked up when the step runs
+        "{% set steps = {'x': 1} %}{{ steps.x }}",  # its own variable
+        "{{ payload.steps.nothing }}",
+    ],
+)
+def test_references_to_known_steps_or_not_literal_ones_pass(expression: str) -> None:
+    validate_definition(_with({"id": "sum", "type": "transform", "output": {"v": expression}}))
+
+
+def test_a_flow_step_s_fields_are_checked() -> None:
+    good = {"id": "ship", "type": "flow", "flow_id": "wf_01jd7w2k3m4n5p6q7r8s9t0v1x"}
+    validate_definition(_with({**good, "payload": {"o": "{{ payload.order_id }}"}, "wait": False}))
+    for extra, field in [
+        ({"flow_id": "wf_?"}, "definition.steps[4].flow_id"),
+        ({"retry": {"max_attempts": 2}}, "definition.steps[4].retry"),
+        ({"wait": "yes"}, "definition.steps[4].wait"),
+        ({"payload": {"o": "{{ steps.nope }}"}}, "definition.steps[4].payload"),
+    ]:
+        with pytest.raises(InvalidDefinition) as exc:
+            validate_definition(_with({**good, **extra}))
+        assert exc.value.field == field, exc.value
+        assert "step 'ship' (steps[4])" in str(exc.value)

@@ -43,6 +43,8 @@ class StepEnv:
     run_id: str
     flow_id: str
     attempt: int
+    max_map_items: int = 1000
+    """``FLOWHOOK_MAX_MAP_ITEMS``: the longest list a ``map`` step takes."""
 
 
 class Step(Protocol):

@@ -1,0 +1,296 @@
+"""Runs started by a step of another run, and how the two meet: a ``flow`` step's child run,
+and the *parts* of a ``parallel`` or ``map`` step (one per branch or item: a row of ``runs``
+any worker claims, with ``root_run_id`` naming the run people see and ``scope`` saying which
+branch or item it is).
+
+The run waiting for them sleeps without a lease; their ends wake it. Its look at them and
+their ends are serialised by a lock on it (an advisory lock on PostgreSQL, taken before any
+``runs`` row as the lock order rule asks; SQLite has one writer), so an end is never missed:
+either the waiting run's look sees it, or the wake-up finds that run asleep. A part looks at
+its siblings after every write of its transaction (``Progress.after``), so of two parts
+ending together the second sees the first ended.
+
+Cancelling locks rows a worker holds (to flag them) before the canceller's own rows; two
+such cascades crossing each other's workers could deadlock on PostgreSQL, which breaks the
+tie and the group write retries (``WriteConflict``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.events import run_duration_ms
+from flowhook.store import bulk
+from flowhook.store.guards import ACTIVE_RUN, run_move
+from flowhook.store.models import Run, RunStatus, RunStep
+from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS
+from flowhook.store.tables import run_steps, runs
+
+__all__ = [
+    "HELD",
+    "lock_key",
+    "lock_parent",
+    "child_at",
+    "children_of",
+    "wake_parent",
+    "cancel_children",
+    "insert_parts",
+    "parts_at",
+    "part_ended",
+    "nested_of",
+    "with_nested",
+    "branch_steps",
+]
+
+HELD = datetime(9999, 1, 1, tzinfo=UTC)
+"""When a ``map`` item past the step's ``concurrency`` becomes claimable: never, until an
+item before it ends and releases it."""
+
+
+def lock_key(parent_run_id: str) -> str:
+    """The key :func:`lock_parent` locks, to sort by among a group write's locks."""
+    return f"children:{parent_run_id}"
+
+
+async def lock_parent(conn: AsyncConnection, parent_run_id: str) -> None:
+    """Serialise a parent's look at its children with their ends (in the write transaction
+    that does either)."""
+    if conn.dialect.name == "postgresql":
+        key = func.hashtextextended(f"flowhook.{lock_key(parent_run_id)}", 0)
+        await conn.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+async def child_at(conn: AsyncConnection, parent_run_id: str, parent_idx: int) -> Run | None:
+    """The run the parent's step ``parent_idx`` started (the latest, if a crash made the step
+    start one again before its record was written: it cannot, they share a commit)."""
+    q = (
+        select(*RUN_COLUMNS)
+        .where(runs.c.parent_run_id == parent_run_id, runs.c.parent_idx == parent_idx)
+        .order_by(runs.c.run_id.desc())
+        .limit(1)
+    )
+    row = (await conn.execute(q)).first()
+    return Run.from_row(row) if row else None
+
+
+async def wake_parent(conn: AsyncConnection, parent_run_id: str, now: datetime) -> None:
+    """The child of a sleeping parent ended: make the parent claimable now (a parent a worker
+    holds is left alone: that worker looks at its child under the same lock). Call after
+    :func:`lock_parent`."""
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == parent_run_id, text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
+        .values(available_at=now, due_at=now)
+    )
+    conn.info.setdefault("wake", set()).add("runs")
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+
+
+async def cancel_children(
+    conn: AsyncConnection, run_ids: Sequence[str], now: datetime, *, idx: int | None = None
+) -> list[Run]:
+    """Cancel the unfinished runs that ``run_ids`` started (only step ``idx``'s, if given),
+    and theirs: one no worker holds ends ``cancelled`` here, one a worker holds is flagged
+    (that worker ends it within a second, and its children with it). The runs ended here,
+    for the ``flow.cancelled`` of those that are runs (not parts)."""
+    ended: list[Run] = []
+    frontier = list(run_ids)
+    first = True
+    while frontier:
+        q = select(*RUN_COLUMNS).where(runs.c.parent_run_id.in_(frontier), text(ACTIVE_RUN))
+        if idx is not None and first:
+            q = q.where(runs.c.parent_idx == idx)
+        first = False
+        found = [Run.from_row(r) for r in (await conn.execute(q)).all()]
+        if not found:
+            break
+        for run in found:
+            # the guard (no lease) makes this apply to no row a worker holds
+            moved = await conn.execute(
+                update(runs)
+                .where(
+                    runs.c.run_id == run.run_id,
+                    text(run_move((RunStatus.CANCELLED,), honour_cancel=False)),
+                    runs.c.lease_owner.is_(None),
+                )
+                .values(
+                    status=str(RunStatus.CANCELLED),
+                    finished_at=now,
+                    cancel_requested_at=now,
+                    duration_ms=run_duration_ms(run, now),
+                )
+            )
+            if moved.rowcount == 1:
+                run.status, run.finished_at, run.cancel_requested_at = (
+                    RunStatus.CANCELLED, now, now,
+                )  # fmt: skip
+                run.duration_ms = run_duration_ms(run, now)
+                ended.append(run)
+                continue
+            await conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run.run_id, text(ACTIVE_RUN))
+                .values(cancel_requested_at=func.coalesce(runs.c.cancel_requested_at, now))
+            )
+        frontier = [run.run_id for run in found]
+    return ended
+
+
+async def children_of(conn: AsyncConnection, run_id: str) -> dict[int, Run]:
+    """The runs ``run_id``'s steps started, by the index of the step (the latest per step)."""
+    q = select(*RUN_COLUMNS).where(runs.c.parent_run_id == run_id).order_by(runs.c.run_id)
+    return {
+        r.parent_idx: r
+        for r in map(Run.from_row, (await conn.execute(q)).all())
+        if r.parent_idx is not None
+    }
+
+
+async def insert_parts(conn: AsyncConnection, parts: Sequence[Run], *, released: int) -> None:
+    """Queue the parts of a ``parallel`` or ``map`` step (in branch or item order); the first
+    ``released`` are claimable now, the others wait for one before them to end."""
+    rows = []
+    for i, part in enumerate(parts):
+        row = part.to_row()
+        if i >= released:
+            row["available_at"] = row["due_at"] = HELD
+        rows.append(row)
+    for start in range(0, len(rows), 500):
+        await bulk.insert(conn, runs, rows[start : start + 500])
+    conn.info.setdefault("wake", set()).add("runs")
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+
+
+async def parts_at(conn: AsyncConnection, parent_run_id: str, parent_idx: int) -> list[Run]:
+    """The parts step ``parent_idx`` of ``parent_run_id`` started, in branch or item order."""
+    q = (
+        select(*RUN_COLUMNS)
+        .where(runs.c.parent_run_id == parent_run_id, runs.c.parent_idx == parent_idx)
+        .order_by(runs.c.run_id)
+    )
+    return [Run.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+def _siblings() -> Any:
+    """The unfinished parts beside ``:me`` (bound: ``parent``, ``idx``, ``me``)."""
+    return and_(
+        runs.c.parent_run_id == bindparam("parent"),
+        runs.c.parent_idx == bindparam("idx"),
+        runs.c.run_id != bindparam("me"),
+        text(ACTIVE_RUN),
+    )
+
+
+# Built once (a part's end runs them on every part's end): the next part held back, released;
+# and whether any part beside it still goes.
+_RELEASE_NEXT = (
+    update(runs)
+    .where(
+        runs.c.run_id
+        == select(runs.c.run_id)
+        .where(_siblings(), runs.c.available_at == bindparam("held"))
+        .order_by(runs.c.run_id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    .values(available_at=bindparam("now_"), due_at=bindparam("now_"))
+)
+_ANOTHER_GOING = select(runs.c.run_id).where(_siblings()).order_by(runs.c.run_id.desc()).limit(1)
+
+
+async def part_ended(conn: AsyncConnection, part: Run, status: RunStatus, now: datetime) -> None:
+    """In the write that ends ``part``, after its own writes and those of the parts ending
+    with it (under :func:`lock_parent`, taken first): a completed part releases the next item
+    held back, and the last one to end wakes the step's run; a part that failed or was
+    cancelled wakes it at once (it stops the others)."""
+    assert part.parent_run_id is not None
+    if status is RunStatus.COMPLETED:
+        where = {"parent": part.parent_run_id, "idx": part.parent_idx, "me": part.run_id}
+        released = await conn.execute(_RELEASE_NEXT, {**where, "held": HELD, "now_": now})
+        if released.rowcount:
+            conn.info.setdefault("wake", set()).add("runs")
+            if conn.dialect.name == "postgresql":
+                await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+            return
+        if (await conn.execute(_ANOTHER_GOING, where)).first() is not None:
+            return  # another part is still going: the last one wakes the run
+    await wake_parent(conn, part.parent_run_id, now)
+
+
+async def nested_of(conn: AsyncConnection, run_id: str) -> list[tuple[Run, list[RunStep]]]:
+    """Every part under ``run_id`` (its parts, theirs, …) with its step records."""
+    found: list[tuple[Run, list[RunStep]]] = []
+    frontier = [run_id]
+    while frontier:
+        q = (
+            select(*RUN_COLUMNS)
+            .where(runs.c.parent_run_id.in_(frontier), runs.c.root_run_id.is_not(None))
+            .order_by(runs.c.run_id)
+        )
+        parts = [Run.from_row(r) for r in (await conn.execute(q)).all()]
+        ids = [p.run_id for p in parts]
+        steps: dict[str, list[RunStep]] = {i: [] for i in ids}
+        for start in range(0, len(ids), 500):
+            rows = await conn.execute(
+                select(run_steps)
+                .where(run_steps.c.run_id.in_(ids[start : start + 500]))
+                .order_by(run_steps.c.run_id, run_steps.c.idx)
+            )
+            for row in rows.all():
+                steps[row.run_id].append(RunStep.from_row(row))
+        found.extend((p, steps[p.run_id]) for p in parts)
+        frontier = ids
+    return found
+
+
+def with_nested(
+    steps: list[RunStep], parts: list[tuple[Run, list[RunStep]]], run_id: str
+) -> list[RunStep]:
+    """A run's step records with its parts' steps after the step that started them, in
+    branch or item order (nested as deep as they go), each marked with its ``parent`` and
+    ``branch`` or ``index``."""
+    by_holder: dict[tuple[str, int], list[tuple[Run, list[RunStep]]]] = {}
+    for part, own in parts:
+        if part.parent_run_id is not None and part.parent_idx is not None:
+            by_holder.setdefault((part.parent_run_id, part.parent_idx), []).append((part, own))
+
+    def ordered(holder: str, records: list[RunStep]) -> list[RunStep]:
+        out: list[RunStep] = []
+        for record in records:
+            out.append(record)
+            for part, own in by_holder.get((holder, record.idx), []):
+                scope = part.scope or {}
+                marked = [
+                    replace(
+                        s,
+                        parent=record.step_id,
+                        branch=scope.get("branch"),
+                        index=scope.get("index"),
+                        depth=record.depth + 1,
+                    )
+                    for s in own
+                ]
+                out.extend(ordered(part.run_id, marked))
+        return out
+
+    return ordered(run_id, steps)
+
+
+async def branch_steps(conn: AsyncConnection, run_id: str, idxs: Sequence[int]) -> list[RunStep]:
+    """The finished step records of the branches that ``run_id``'s ``parallel`` steps at
+    ``idxs`` ran (what later steps reach as ``steps.<id>``)."""
+    parts = (
+        select(runs.c.run_id)
+        .where(runs.c.parent_run_id == run_id, runs.c.parent_idx.in_(list(idxs)))
+        .scalar_subquery()
+    )
+    q = select(run_steps).where(run_steps.c.run_id.in_(parts), run_steps.c.status == "completed")
+    return [RunStep.from_row(r) for r in (await conn.execute(q)).all()]

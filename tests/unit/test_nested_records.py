@@ -1,0 +1,55 @@
+"""How a run's records and its parts' records are put in one list (the run record's
+``steps``) and drawn as a tree on the run page."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from flowhook.store.children import with_nested
+from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
+from flowhook.web.routes import _tree
+
+NOW = datetime(2026, 11, 24, tzinfo=UTC)
+
+
+def step(idx: int, sid: str, kind: str = "transform") -> RunStep:
+    return RunStep(idx=idx, step_id=sid, type=kind, status=StepStatus.COMPLETED, attempts=1)
+
+
+def part(run_id: str, parent: str, idx: int, **scope: Any) -> Run:
+    return Run(
+        run_id=run_id, workspace_id="ws", mode=Mode.TEST, flow_id="wf", flow_version=1,
+        trigger="part", status=RunStatus.COMPLETED, payload={}, queued_at=NOW,
+        parent_run_id=parent, parent_idx=idx, root_run_id="run_1", scope=scope,
+    )  # fmt: skip
+
+
+def test_parts_follow_their_step_in_order_with_where_they_ran() -> None:
+    top = [step(0, "start"), step(1, "each", "map"), step(2, "after")]
+    parts = [
+        (part("part_a", "run_1", 1, step="each", index=0), [step(0, "both", "parallel")]),
+        (part("part_b", "run_1", 1, step="each", index=1), [step(0, "both", "parallel")]),
+        (part("part_c", "part_a", 0, step="both", branch="x"), [step(0, "x1"), step(1, "x2")]),
+        (part("part_d", "part_b", 0, step="both", branch="x"), [step(0, "x1"), step(1, "x2")]),
+    ]
+    records = with_nested(top, parts, "run_1")
+    got = [(s.step_id, s.parent, s.branch, s.index, s.depth) for s in records]
+    assert got == [
+        ("start", None, None, None, 0),
+        ("each", None, None, None, 0),
+        ("both", "each", None, 0, 1),
+        ("x1", "both", "x", None, 2),
+        ("x2", "both", "x", None, 2),
+        ("both", "each", None, 1, 1),
+        ("x1", "both", "x", None, 2),
+        ("x2", "both", "x", None, 2),
+        ("after", None, None, None, 0),
+    ]
+    tree = _tree(records, [None] * len(records))
+    assert [n.step.step_id for n in tree] == ["start", "each", "after"]
+    each = tree[1]
+    assert [label for label, _ in each.groups] == ["item 0", "item 1"]
+    assert each.counts == {"completed": 2}
+    [(label, inner)] = each.groups[0][1][0].groups
+    assert label == "branch x" and [n.step.step_id for n in inner] == ["x1", "x2"]
