@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,12 @@ async def whoami(ctx: flowhook.StepContext) -> dict[str, Any]:
     """Which process ran the step (after a nap of ``input`` seconds)."""
     await asyncio.sleep(float(ctx.input or 0))
     return {"pid": os.getpid()}
+
+
+@flowhook.step("span")
+async def span(ctx: flowhook.StepContext) -> dict[str, Any]:
+    """Wall-clock begin and end of a nap of ``input`` seconds (comparable across processes),
+    with the run's payload key ``k``."""
+    begun = time.time()
+    await asyncio.sleep(float(ctx.input or 0))
+    return {"begun": begun, "ended": time.time(), "k": ctx.payload.get("k")}

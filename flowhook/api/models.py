@@ -86,6 +86,13 @@ class ExecuteRequest(BaseModel):
     payload: dict[str, Any] = Field(
         default_factory=dict, description="Data handed to the workflow."
     )
+    priority: int | None = Field(
+        default=None,
+        ge=-100,
+        le=100,
+        description="Overrides the flow's `priority`: among due runs the higher is claimed "
+        "first (default: the flow's, else 0).",
+    )
 
 
 class RunAccepted(BaseModel):
@@ -149,6 +156,14 @@ class StepRecord(BaseModel):
     )
 
 
+class WaitingFor(BaseModel):
+    reason: str = Field(description="`concurrency`, `throttle` or `debounce`.")
+    key: str | None = Field(description="The key value it waits on (null: the whole flow).")
+    until: str | None = Field(
+        default=None, description="A throttled run: the start reserved for it."
+    )
+
+
 class RunRecord(BaseModel):
     run_id: str
     flow_id: str
@@ -171,6 +186,12 @@ class RunRecord(BaseModel):
     parent_run_id: str | None = Field(
         default=None,
         description="The run whose `flow` step started this one (trigger `flow`), if any.",
+    )
+    priority: int = Field(default=0, description="Its place among due runs: -100 to 100.")
+    waiting_for: WaitingFor | None = Field(
+        default=None,
+        description="Why a queued run has not started: its flow's concurrency, throttle or "
+        "debounce holds it back (null otherwise).",
     )
 
 
@@ -227,6 +248,13 @@ def _step(step: RunStep) -> dict[str, Any]:
     return body
 
 
+def _waiting_for(run: Run) -> dict[str, Any] | None:
+    why = run.waiting_for
+    if why is not None:
+        why["until"] = ts(why["until"])
+    return why
+
+
 def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
     body: dict[str, Any] = {
         "run_id": run.run_id,
@@ -246,6 +274,8 @@ def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
         "rerun_of": run.rerun_of,
         # a child started inside a branch or item names the run, not the part
         "parent_run_id": (run.scope or {}).get("caller", run.parent_run_id),
+        "priority": run.priority,
+        "waiting_for": _waiting_for(run),
     }
     if with_steps:
         body["steps"] = [_step(s) for s in run.steps]

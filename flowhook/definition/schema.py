@@ -185,6 +185,13 @@ def _step_schema(kind: str) -> dict[str, Any]:
     }
 
 
+_KEY: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 2000,
+    "description": "An expression read when the run is accepted, e.g. {{ payload.customer_id }}",
+}
+
 FLOW_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "/api/v1/schemas/flow.json",
@@ -196,7 +203,49 @@ FLOW_SCHEMA: dict[str, Any] = {
         "name": {"type": "string", "minLength": 1, "maxLength": 200},
         "description": {"type": "string", "maxLength": 2000},
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 2592000},
-        "concurrency": {"type": "integer", "minimum": 1},
+        "concurrency": {
+            "description": "At most this many runs are running at once (per key value).",
+            "oneOf": [
+                {"type": "integer", "minimum": 1},
+                {
+                    "type": "object",
+                    "required": ["limit"],
+                    "additionalProperties": False,
+                    "properties": {"limit": {"type": "integer", "minimum": 1}, "key": _KEY},
+                },
+            ],
+        },
+        "throttle": {
+            "description": "At most `limit` runs start per `period_seconds` (per key value).",
+            "type": "object",
+            "required": ["limit", "period_seconds"],
+            "additionalProperties": False,
+            "properties": {
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100000},
+                "period_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                "key": _KEY,
+            },
+        },
+        "debounce": {
+            "description": "Executes within `period_seconds` of each other (per key value) "
+            "collapse into one run, started with the last payload.",
+            "type": "object",
+            "required": ["period_seconds"],
+            "additionalProperties": False,
+            "properties": {
+                "period_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                "max_wait_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 604800},
+                "key": _KEY,
+            },
+        },
+        "priority": {
+            "description": "-100 to 100 (default 0), or an expression giving one: among due "
+            "runs the higher priority is claimed first.",
+            "oneOf": [
+                {"type": "integer", "minimum": -100, "maximum": 100},
+                {"type": "string", "minLength": 1, "maxLength": 2000},
+            ],
+        },
         "output": {"type": "object"},
         "steps": {
             "type": "array",

@@ -120,7 +120,22 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
         _check_step(placed, set(first), allow_private_targets=allow_private_targets)
     if "output" in definition:
         _check_expressions(definition["output"], "definition.output", "output", set(first))
+    for field, value in _control_expressions(definition):
+        # read when the run is accepted: the payload is all there is
+        _check_expressions(value, f"definition.{field}", field, set())
     return definition  # type: ignore[no-any-return]
+
+
+def _control_expressions(definition: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The flow control expressions of a definition, by field."""
+    found = []
+    for name in ("concurrency", "throttle", "debounce"):
+        spec = definition.get(name)
+        if isinstance(spec, dict) and "key" in spec:
+            found.append((f"{name}.key", spec["key"]))
+    if isinstance(definition.get("priority"), str):
+        found.append(("priority", definition["priority"]))
+    return found
 
 
 def _check_step(placed: _Placed, ids: set[str], *, allow_private_targets: bool) -> None:

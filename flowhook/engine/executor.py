@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ import orjson
 
 from flowhook.clock import Clock, isoformat
 from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
+from flowhook.definition.control import FlowControl, throttle_start
 from flowhook.definition.sandbox import weight
 from flowhook.engine import metrics
 from flowhook.engine.retry import backoff_seconds
@@ -46,6 +48,7 @@ from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_ev
 from flowhook.ids import new_id
 from flowhook.store import approvals as approvals_store
 from flowhook.store import children as children_store
+from flowhook.store import control as control_store
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -63,8 +66,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("flowhook.engine")
 DEFAULT_RUN_TIMEOUT = 3600.0
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
-FLOW_CAP_RETRY = timedelta(milliseconds=200)
-"""How soon a run held back by its flow's ``concurrency`` is tried again."""
+UNLIMITED = 1_000_000
+_HELD_KEEPS = frozenset({"concurrency_key", "concurrency_slot", "throttle_at", "throttle_key"})
+"""What a run handed back held keeps of its admission: the slot it took, the start reserved."""
+"""The slots of a key whose flow no longer caps it: every held run goes."""
 
 
 @dataclass(slots=True)
@@ -72,7 +77,8 @@ class CompiledFlow:
     steps: list[Step]
     output: Renderer | None
     timeout: float
-    concurrency: int | None
+    control: FlowControl | None
+    """The flow's flow control (``None``: none, nothing to admit)."""
     lists: dict[tuple[str, str | None], list[Step]] = field(default_factory=dict)
     """The step lists nested in ``parallel`` and ``map`` steps, by (step id, branch name)."""
 
@@ -81,7 +87,7 @@ class CompiledFlow:
         steps = [build_step(spec) for spec in definition["steps"]]
         output = compile_value(definition["output"]) if "output" in definition else None
         timeout = float(definition.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
-        compiled = cls(steps, output, timeout, definition.get("concurrency"))
+        compiled = cls(steps, output, timeout, FlowControl.build(definition))
         compiled._index(steps)
         return compiled
 
@@ -221,6 +227,8 @@ class Executor:
         self._max_output = max_output_bytes
         self._flows: OrderedDict[tuple[str, int], CompiledFlow] = OrderedDict()
         self._cache_size = cache_size
+        self._latest: dict[str, tuple[int, float]] = {}
+        """Each flow's latest version, read at most once a second (its concurrency limit)."""
         self.in_step: set[str] = set()
         """Runs whose step is in flight now: the ones a cancel may interrupt."""
         self.cancelling: set[str] = set()
@@ -244,8 +252,10 @@ class Executor:
         """Write a run's progress (possibly in a transaction shared with other runs); raises
         LeaseLost when the run's guard fails. A run that ends also does what its end asks
         (see :meth:`_ending`) in the same write."""
-        progress = runs_store.Progress(run.run_id, changes, steps, events)
         end = changes[-1].status
+        if end.terminal and run.concurrency_slot is not None:
+            changes[-1].values["concurrency_slot"] = None  # given to the next held run
+        progress = runs_store.Progress(run.run_id, changes, steps, events)
         if end.terminal:
             extra = self._ending(run, end)
             if extra is not None:
@@ -315,8 +325,9 @@ class Executor:
         # resumed: what earlier claims recorded
         resumed = run.status is RunStatus.RUNNING
         pending = _Pending()
-        if compiled is not None and compiled.concurrency is not None:
-            if not await self._admit(run, compiled.concurrency):
+        control = None if compiled is None else compiled.control
+        if control is not None and control.admits and not resumed:
+            if not await self._admit(run, control):
                 return run.status
         elif not resumed:
             self._start(run, pending)
@@ -451,40 +462,106 @@ class Executor:
             ctx["steps"].setdefault(s.step_id, {"output": s.output, "status": str(s.status)})
         return ctx, root.started_at or root.queued_at
 
-    async def _admit(self, run: Run, cap: int) -> bool:
-        """Whether the flow's ``concurrency`` lets the run go on now. The count and what
-        follows from it are one write transaction, serialised per flow: a queued run that
-        goes is started there (``running``, ``flow.started``) before it takes a step; one held
-        back is deferred a moment."""
+    async def _admit(self, run: Run, control: FlowControl) -> bool:
+        """Whether the flow's ``concurrency`` and ``throttle`` let a queued run start now.
+
+        Decided in the group write that starts it (``running``, ``flow.started``), by a
+        ``before`` hook serialised per flow and key (see :mod:`flowhook.store.control`): the
+        run takes a slot of its key and its reserved start; or the hook hands it back held,
+        with no lease, until a slot is given to it or its start comes. Admissions sharing a
+        transaction count each other (``conn.info``): the slots they take are written only
+        after every hook ran."""
         now = self._clock.now()
-        async with self._db.transaction() as conn:
-            if await runs_store.count_in_flight_ahead(conn, run) >= cap:
-                await runs_store.defer(
-                    conn, run.run_id, owner=self._owner, until=now + FLOW_CAP_RETRY
-                )
-                return False
-            if run.status is RunStatus.QUEUED:
-                pending = _Pending()
-                self._start(run, pending)
-                values = {
-                    **pending.values,
-                    "next_step": run.next_step,
-                    "steps_executed": run.steps_executed,
-                }
-                change = runs_store.StatusChange(RunStatus.RUNNING, values)
-                progress = runs_store.Progress(run.run_id, (change,), [], pending.events)
-                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
-                if not ok:
-                    raise runs_store.LeaseLost(run.run_id)
-                run.status = RunStatus.RUNNING
+        owner = self._owner
+        pending = _Pending()
+        self._start(run, pending, now, observe=False)
+        values: dict[str, Any] = {
+            **pending.values, "held": None,
+            "next_step": run.next_step, "steps_executed": run.steps_executed,
+        }  # fmt: skip
+        outcome: dict[str, str] = {}
+        flow_id = run.flow_id
+
+        async def hold(conn: AsyncConnection, reason: str, **how: Any) -> bool:
+            kept = {k: v for k, v in values.items() if k in _HELD_KEEPS}
+            if await control_store.hold(
+                conn, run.run_id, owner=owner, reason=reason, values=kept, **how
+            ):
+                outcome["held"] = reason
+            else:
+                outcome["lost"] = reason
+            return False  # nothing else of this item to write
+
+        async def admission(conn: AsyncConnection) -> bool:
+            scratch = conn.info.setdefault("tx", {})  # this transaction's, see Database
+            taking: dict[tuple[str, str, str], Any] = scratch.setdefault("admitting", {})
+            if control.concurrency is not None and run.concurrency_slot is None:
+                key = run.concurrency_key or ""
+                await control_store.lock(conn, control_store.CONCURRENCY, flow_id, key)
+                mine = ("c", flow_id, key)
+                taken, waiting = await control_store.slots_taken(conn, flow_id, key)
+                taken += taking.get(mine, 0)
+                limit = await self._limit_now(conn, flow_id)
+                if taken >= limit:
+                    values["concurrency_key"] = key
+                    return await hold(conn, control_store.CONCURRENCY)
+                taking[mine] = taking.get(mine, 0) + 1
+                values["concurrency_slot"] = key
+                if waiting:  # room left (the limit was raised): held runs take it too
+                    room = limit - taken - 1
+                    await control_store.give_slots(conn, flow_id, key, room, now)  # counted
+            if control.throttle_limit and run.throttle_at is None:
+                key = run.throttle_key or ""
+                await control_store.lock(conn, control_store.THROTTLE, flow_id, key)
+                mine = ("t", flow_id, key)
+                latest = sorted(
+                    [*taking.get(mine, []), *await control_store.reserved_starts(
+                        conn, flow_id, key, control.throttle_limit
+                    )], reverse=True,
+                )[: control.throttle_limit]  # fmt: skip
+                start = throttle_start(latest, control.throttle_limit, control.throttle_period, now)
+                taking.setdefault(mine, []).append(start)
+                values.update(throttle_at=start, throttle_key=key)
+                if start > now:
+                    return await hold(conn, control_store.THROTTLE, until=start)
+            return True
+
+        if control.concurrency is not None and run.concurrency_slot is None:
+            lock_key = control_store.lock_key(
+                control_store.CONCURRENCY, flow_id, run.concurrency_key or ""
+            )
+        else:
+            lock_key = control_store.lock_key(
+                control_store.THROTTLE, flow_id, run.throttle_key or ""
+            )
+        change = runs_store.StatusChange(RunStatus.RUNNING, values)
+        progress = runs_store.Progress(
+            run.run_id, (change,), [], pending.events, before=admission, lock_key=lock_key
+        )
+        if not await self._apply(progress) or "lost" in outcome:
+            raise runs_store.LeaseLost(run.run_id)
+        if "held" in outcome:
+            run.started_at = None
+            metrics.RUNS_HELD.labels(reason=outcome["held"]).inc()
+            return False
+        metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
+        run.status = RunStatus.RUNNING
+        run.held = None
+        run.concurrency_slot = values.get("concurrency_slot", run.concurrency_slot)
         return True
 
-    def _start(self, run: Run, pending: _Pending) -> None:
+    def _start(
+        self, run: Run, pending: _Pending, now: datetime | None = None, *, observe: bool = True
+    ) -> None:
         """A queued run starts now (``flow.started``, committed with what follows)."""
-        now = self._clock.now()
+        now = self._clock.now() if now is None else now
         run.started_at = now
         pending.values["started_at"] = now
-        metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
+        if run.held is not None:  # a debounced run: it starts, nothing holds it now
+            pending.values["held"] = None
+            run.held = None
+        if observe:
+            metrics.START_LATENCY.observe(max(0.0, (now - run.queued_at).total_seconds()))
         payload = {"status": "running", "trigger": run.trigger, "flow_version": run.flow_version}
         pending.events.append(run_event(run, "flow.started", payload, now))
 
@@ -1015,6 +1092,7 @@ class Executor:
                 return RunStatus.RUNNING
             if going:  # its time is up: the child goes too
                 ended = await children_store.cancel_children(conn, [run.run_id], now)
+                await control_store.free_slots(conn, ended, now)
                 await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
         finished = replace(
             prior, finished_at=now, duration_ms=elapsed_ms(prior.started_at or now, now)
@@ -1118,8 +1196,9 @@ class Executor:
                     raise runs_store.LeaseLost(run.run_id)
                 state.pending = _Pending()
                 return RunStatus.RUNNING
-            if going:  # the others stop
-                await children_store.cancel_children(conn, [run.run_id], now, idx=state.idx)
+            if going:  # the others stop (their children may hold slots)
+                ended = await children_store.cancel_children(conn, [run.run_id], now, idx=state.idx)
+                await control_store.free_slots(conn, ended, now)
         state.run.steps_executed += sum(p.steps_executed for p in parts)
         finished = replace(
             prior, finished_at=now, duration_ms=elapsed_ms(prior.started_at or now, now)
@@ -1158,11 +1237,13 @@ class Executor:
     def _ending(self, run: Run, status: RunStatus) -> runs_store.Progress | None:
         """What else the write that ends ``run`` does, as a ``before`` hook: wake the run
         waiting for it (a child's end; a part's, see :func:`children_store.part_ended`), and
-        cancel the runs and parts it leaves (a run that fails or is cancelled while they go).
-        ``None`` when there is nothing to do."""
+        cancel the runs and parts it leaves (a run that fails or is cancelled while they go);
+        and, as an ``after`` hook, give the concurrency slot it held to the next held run of
+        its key. ``None`` when there is nothing to do."""
         parent = run.parent_run_id
         orphans = status is not RunStatus.COMPLETED
-        if parent is None and not orphans:
+        slot = run.concurrency_slot
+        if parent is None and not orphans and slot is None:
             return None
         now = self._clock.now()
 
@@ -1171,18 +1252,59 @@ class Executor:
                 await children_store.lock_parent(conn, parent)
                 if run.root_run_id is None:
                     await children_store.wake_parent(conn, parent, now)
+            if slot is not None:
+                await control_store.lock(conn, control_store.CONCURRENCY, run.flow_id, slot)
             if orphans:
                 ended = await children_store.cancel_children(conn, [run.run_id], now)
+                await control_store.free_slots(conn, ended, now)
                 events = [cancelled_event(r, now) for r in ended if r.root_run_id is None]
                 await events_store.insert_events(conn, events)
             return True
 
-        async def part_ended(conn: AsyncConnection) -> None:
-            await children_store.part_ended(conn, run, status, now)
+        async def after(conn: AsyncConnection) -> None:
+            if run.root_run_id is not None:
+                await children_store.part_ended(conn, run, status, now)
+            if slot is not None:  # the write cleared the run's slot: it is free now
+                taken, waiting = await control_store.slots_taken(conn, run.flow_id, slot)
+                if waiting:
+                    limit = await self._limit_now(conn, run.flow_id)
+                    await control_store.give_slots(conn, run.flow_id, slot, limit - taken, now)
 
-        key = children_store.lock_key(parent) if parent is not None else ""
-        after = part_ended if run.root_run_id is not None else None
-        return runs_store.Progress(run.run_id, (), before=hook, lock_key=key, after=after)
+        if parent is not None:
+            key = children_store.lock_key(parent)
+        elif slot is not None:
+            key = control_store.lock_key(control_store.CONCURRENCY, run.flow_id, slot)
+        else:
+            key = ""
+        needs_after = run.root_run_id is not None or slot is not None
+        return runs_store.Progress(
+            run.run_id, (), before=hook, lock_key=key, after=after if needs_after else None
+        )
+
+    async def _limit_now(self, conn: AsyncConnection, flow_id: str) -> int:
+        """The concurrency limit of the flow's latest version, which every admission and end
+        obeys (a limit raised lets held runs go at once): no limit left lets them all go."""
+        seen = self._latest.get(flow_id)
+        if seen is not None and seen[1] > time.monotonic():
+            version: int | None = seen[0]
+        else:  # read again at most once a second: a new limit applies within that
+            version = await flows_store.current_version(conn, flow_id)
+            if version is not None:
+                self._latest[flow_id] = (version, time.monotonic() + 1.0)
+                if len(self._latest) > self._cache_size:
+                    self._latest.pop(next(iter(self._latest)))
+        compiled = self._flows.get((flow_id, version or 0))
+        if compiled is None and version is not None:
+            definition = await flows_store.get_definition(conn, flow_id, version)
+            if definition is not None:
+                compiled = CompiledFlow.build(definition)
+                self._flows[(flow_id, version)] = compiled
+                if len(self._flows) > self._cache_size:
+                    self._flows.popitem(last=False)
+        control = None if compiled is None else compiled.control
+        if control is None or control.concurrency is None:
+            return UNLIMITED
+        return control.concurrency
 
     # -- finish: end the run ---------------------------------------------------------------
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-__all__ = ["RUNS_FINISHED", "START_LATENCY", "STEP_SECONDS"]
+__all__ = ["RUNS_FINISHED", "RUNS_HELD", "START_LATENCY", "STEP_SECONDS"]
 
 RUNS_FINISHED = Counter(
     "flowhook_runs_finished_total", "Runs that reached a terminal status.", ["status"]
 )
 """By status only: a series per flow would grow without bound and name every tenant's flows."""
+RUNS_HELD = Counter(
+    "flowhook_run_holds_total",
+    "Times a worker held a run back at admission, by reason (concurrency or throttle).",
+    ["reason"],
+)
 START_LATENCY = Histogram(
     "flowhook_run_start_latency_seconds",
     "From a run's 202 (queued_at) to a worker starting it.",

@@ -8,10 +8,18 @@ from prometheus_client import Gauge
 
 from flowhook.config import Settings
 from flowhook.service import Services
+from flowhook.store import control as control_store
 from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as webhooks_store
 
-__all__ = ["refresh_gauges", "scrape_allowed", "OLDEST_PENDING", "QUEUE_DEPTH", "OLDEST_QUEUED"]
+__all__ = [
+    "refresh_gauges",
+    "scrape_allowed",
+    "OLDEST_PENDING",
+    "QUEUE_DEPTH",
+    "OLDEST_QUEUED",
+    "RUNS_HELD",
+]
 
 OLDEST_PENDING = Gauge(
     "flowhook_webhook_oldest_pending_seconds",
@@ -24,14 +32,23 @@ OLDEST_QUEUED = Gauge(
     "flowhook_queue_oldest_seconds", "Age of the oldest queued run (0 when none is)."
 )
 
+RUNS_HELD = Gauge(
+    "flowhook_runs_held",
+    "Queued runs flow control holds back now, by reason (concurrency, throttle, debounce).",
+    ["reason"],
+)
+
 
 async def refresh_gauges(services: Services) -> None:
     async with services.db.read() as conn:
         oldest = await webhooks_store.oldest_pending(conn)
         depth, oldest_run = await runs_store.queue_depth(conn)
+        held = await control_store.held_counts(conn)
     now = services.clock.now()
     OLDEST_PENDING.set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
     QUEUE_DEPTH.set(depth)
+    for reason, count in held.items():
+        RUNS_HELD.labels(reason=reason).set(count)
     OLDEST_QUEUED.set(max(0.0, (now - oldest_run).total_seconds()) if oldest_run else 0.0)
 
 

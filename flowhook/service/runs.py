@@ -14,6 +14,12 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
+from flowhook.definition.control import (
+    FlowControl,
+    check_priority,
+    debounce_due,
+    debounce_open,
+)
 from flowhook.definition.schema import NESTING
 from flowhook.errors import (
     Conflict,
@@ -30,6 +36,7 @@ from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
 from flowhook.service.rerun import parse_version, plan_rerun
 from flowhook.store import children as children_store
+from flowhook.store import control as store_control
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
@@ -111,6 +118,7 @@ class _StartRequest:
     trigger: str
     key: str | None
     digest: str | None
+    priority: int | None = None
 
 
 class RunService:
@@ -123,6 +131,8 @@ class RunService:
         )
         self._accepted = 0
         self._statistics: asyncio.Task[None] | None = None
+        self._controls: dict[tuple[str, int], FlowControl | None] = {}
+        """Flow control of flow versions met (a version never changes)."""
 
     async def start(
         self,
@@ -133,6 +143,7 @@ class RunService:
         trigger: str = "api",
         idempotency_key: str | None = None,
         parsed_by_orjson: bool = False,
+        priority: int | None = None,
     ) -> Started:
         """Queue a run: the run row (its own queue entry) is committed before this returns.
         Concurrent calls share a transaction (group commit). ``parsed_by_orjson``: the
@@ -147,8 +158,12 @@ class RunService:
         _check_key(idempotency_key)
         encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
+        if priority is not None:
+            priority = check_priority(priority, "priority")
         started = await self._group.submit(
-            _StartRequest(who, flow_id, payload, encoded, trigger, idempotency_key, digest)
+            _StartRequest(
+                who, flow_id, payload, encoded, trigger, idempotency_key, digest, priority
+            )
         )
         if not started.replayed:
             self._accepted += 1
@@ -192,6 +207,8 @@ class RunService:
         encoded: list[orjson.Fragment] = []
         flows: dict[tuple[str, str, str], Flow | None] = {}
         keyed: dict[tuple[str, str, str], tuple[Run, str | None]] = {}
+        debounced: dict[tuple[str, str], tuple[Run, int]] = {}
+        """Debounced runs this batch queues, with their place in ``encoded``."""
         for req in batch:
             who = req.who
             if req.key is not None:
@@ -210,6 +227,20 @@ class RunService:
             if flow is None:
                 results.append(missing("flow", req.flow_id))
                 continue
+            control = self._control(flow)
+            keys = None
+            if control is not None:
+                try:
+                    keys = await control.keys(req.payload, req.priority)
+                except InvalidInput as exc:
+                    results.append(exc)
+                    continue
+                if keys.debounce_key is not None:
+                    joined = await self._join(conn, flow, control, keys.debounce_key, req,
+                                              debounced, encoded, now)  # fmt: skip
+                    if joined is not None:
+                        results.append(Started(joined, replayed=False))
+                        continue
             run = Run(
                 run_id=new_id("run"),
                 workspace_id=who.workspace_id,
@@ -221,6 +252,17 @@ class RunService:
                 payload=req.payload,
                 queued_at=now,
             )
+            if control is not None and keys is not None:
+                run.priority = keys.priority
+                run.concurrency_key = keys.concurrency_key
+                run.throttle_key = keys.throttle_key
+                if keys.debounce_key is not None:
+                    run.debounce_key = keys.debounce_key
+                    run.held = store_control.DEBOUNCE
+                    run.due_at = debounce_due(
+                        now, now, control.debounce_period, control.debounce_max_wait
+                    )
+                    debounced[(run.flow_id, keys.debounce_key)] = (run, len(encoded))
             rows.append((run, req.key, req.digest))
             encoded.append(req.encoded)
             if req.key is not None:
@@ -228,6 +270,46 @@ class RunService:
             results.append(Started(run, replayed=False))
         await runs_store.insert_runs(conn, rows, payloads=encoded)
         return results
+
+    def _control(self, flow: Flow) -> FlowControl | None:
+        key = (flow.flow_id, flow.version)
+        if key not in self._controls:
+            if len(self._controls) >= 1024:
+                self._controls.clear()
+            self._controls[key] = FlowControl.build(flow.definition)
+        return self._controls[key]
+
+    async def _join(
+        self,
+        conn: AsyncConnection,
+        flow: Flow,
+        control: FlowControl,
+        key: str,
+        req: _StartRequest,
+        debounced: dict[tuple[str, str], tuple[Run, int]],
+        encoded: list[orjson.Fragment],
+        now: datetime,
+    ) -> Run | None:
+        """The debounced run of ``key`` this execute joins (it takes the payload and starts
+        later), or ``None`` to queue a new one."""
+        period, max_wait = control.debounce_period, control.debounce_max_wait
+        if (flow.flow_id, key) in debounced:  # queued by this batch
+            earlier, at = debounced[(flow.flow_id, key)]
+            earlier.payload = req.payload
+            encoded[at] = req.encoded
+            earlier.due_at = debounce_due(earlier.queued_at, now, period, max_wait)
+            return earlier
+        await store_control.lock(conn, store_control.DEBOUNCE, flow.flow_id, key)
+        found = await store_control.joinable(conn, flow.flow_id, key)
+        if found is None or found.workspace_id != req.who.workspace_id:
+            return None
+        if not debounce_open(found.queued_at, now, max_wait):
+            return None
+        due = debounce_due(found.queued_at, now, period, max_wait)
+        if not await store_control.join(conn, found.run_id, req.encoded, due):
+            return None
+        found.payload = req.payload
+        return found
 
     async def rerun(
         self,
@@ -394,6 +476,7 @@ class RunService:
                 run.finished_at = run.cancel_requested_at = now
                 run.duration_ms = duration
                 ended = [run, *await children_store.cancel_children(conn, [run_id], now)]
+                await store_control.free_slots(conn, ended, now)
                 await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
                 if run.parent_run_id is not None:
                     await children_store.wake_parent(conn, run.parent_run_id, now)

@@ -34,6 +34,7 @@ from sqlalchemy.types import (
     Boolean,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     TypeEngine,
@@ -78,7 +79,7 @@ def _sqlite_bool(value: Any) -> Any:
 
 
 _STORED_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = frozenset(
-    {String, Text, Integer, BigInteger, LargeBinary}
+    {String, Text, Integer, SmallInteger, BigInteger, LargeBinary}
 )
 """Types whose values ``sqlite3`` stores as SQLAlchemy's SQLite dialect does (no bind
 processing). Exact classes: a subclass (``Enum`` is a ``String``) may process its values."""

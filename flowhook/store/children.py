@@ -125,6 +125,7 @@ async def cancel_children(
                     finished_at=now,
                     cancel_requested_at=now,
                     duration_ms=run_duration_ms(run, now),
+                    held=None,  # its slot, if any, is the caller's to give on (free_slots)
                 )
             )
             if moved.rowcount == 1:
@@ -196,7 +197,7 @@ _RELEASE_NEXT = (
     .where(
         runs.c.run_id
         == select(runs.c.run_id)
-        .where(_siblings(), runs.c.available_at == bindparam("held"))
+        .where(_siblings(), runs.c.available_at == bindparam("held_until"))
         .order_by(runs.c.run_id)
         .limit(1)
         .scalar_subquery()
@@ -214,7 +215,7 @@ async def part_ended(conn: AsyncConnection, part: Run, status: RunStatus, now: d
     assert part.parent_run_id is not None
     if status is RunStatus.COMPLETED:
         where = {"parent": part.parent_run_id, "idx": part.parent_idx, "me": part.run_id}
-        released = await conn.execute(_RELEASE_NEXT, {**where, "held": HELD, "now_": now})
+        released = await conn.execute(_RELEASE_NEXT, {**where, "held_until": HELD, "now_": now})
         if released.rowcount:
             conn.info.setdefault("wake", set()).add("runs")
             if conn.dialect.name == "postgresql":

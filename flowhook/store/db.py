@@ -99,14 +99,17 @@ class Database:
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back on error. Queries
         that queue work add its kind to ``conn.info["wake"]``; those wake-ups fire after the
-        commit, never for work that rolled back."""
+        commit, never for work that rolled back. ``conn.info["tx"]`` is a scratch dict that
+        lives as long as the transaction (the connection's ``info`` outlives it)."""
         wake: set[str] = set()
         async with _translated(), self.writer.begin() as conn:
             conn.info["wake"] = wake
+            conn.info["tx"] = {}
             try:
                 yield conn
             finally:
                 conn.info.pop("wake", None)
+                conn.info.pop("tx", None)
         for kind in wake:
             self.wakeups[kind].notify()
 

@@ -15,6 +15,7 @@ from flowhook.store.tables import flow_versions, flows
 
 __all__ = [
     "insert_flow",
+    "current_version",
     "add_version",
     "get_flow",
     "list_flows",
@@ -183,4 +184,10 @@ async def get_definition(
     q = select(flow_versions.c.definition).where(
         flow_versions.c.flow_id == flow_id, flow_versions.c.version == version
     )
+    return (await conn.execute(q)).scalar_one_or_none()
+
+
+async def current_version(conn: AsyncConnection, flow_id: str) -> int | None:
+    """The flow's latest version, whoever owns it (for the engine's flow control)."""
+    q = select(flows.c.version).where(flows.c.flow_id == flow_id)
     return (await conn.execute(q)).scalar_one_or_none()

@@ -209,6 +209,20 @@ class Run:
     parent_idx: int | None = None
     root_run_id: str | None = None
     scope: dict[str, Any] | None = None
+    # Flow control (see flowhook/store/control.py)
+    priority: int = 0
+    concurrency_key: str | None = None
+    """The flow's concurrency key read when the run was accepted ("" for a flow-wide cap)."""
+    concurrency_slot: str | None = None
+    """The key of the concurrency slot the run holds, from admission to its end."""
+    held: str | None = None
+    """Why the run is held back now: ``concurrency``, ``throttle`` or ``debounce``."""
+    throttle_key: str | None = None
+    throttle_at: datetime | None = None
+    """The start its flow's throttle reserved for it."""
+    debounce_key: str | None = None
+    due_at: datetime | None = None
+    """When the run last fell due (a debounced run: when it may start)."""
     steps: list[RunStep] = field(default_factory=list)
 
     @classmethod
@@ -217,15 +231,43 @@ class Run:
         return from_row(cls, row, _RUN_CONVERT)
 
     def to_row(self, payload: Any = None) -> dict[str, Any]:
-        """The columns of a newly queued run; ``payload``: the payload already encoded
-        (default: :attr:`payload`, encoded by the store)."""
+        """The columns of a newly queued run, due at :attr:`due_at` (default: at once);
+        ``payload``: the payload already encoded (default: :attr:`payload`, encoded by the
+        store). A run under flow control has columns of its own, so a batch of rows is
+        written in one statement per column set."""
+        names = _RUN_INSERT if self.parent_run_id is None else _RUN_INSERT_NESTED
+        if self.controlled:
+            names = (*names, *_RUN_CONTROL)
+        due = self.queued_at if self.due_at is None else self.due_at
         return to_row(
             self,
-            _RUN_INSERT if self.parent_run_id is None else _RUN_INSERT_NESTED,
+            names,
             payload=self.payload if payload is None else payload,
-            available_at=self.queued_at,
-            due_at=self.queued_at,
+            available_at=due,
+            due_at=due,
         )
+
+    @property
+    def controlled(self) -> bool:
+        """Whether flow control wrote anything of this run."""
+        return bool(
+            self.priority or self.held
+            or self.concurrency_key is not None or self.throttle_key is not None
+            or self.debounce_key is not None
+        )  # fmt: skip
+
+    @property
+    def waiting_for(self) -> dict[str, Any] | None:
+        """Why a queued run has not started yet, when flow control holds it back."""
+        if self.held is None or self.status is not RunStatus.QUEUED:
+            return None
+        key = {
+            "concurrency": self.concurrency_key,
+            "throttle": self.throttle_key,
+            "debounce": self.debounce_key,
+        }.get(self.held)
+        until = self.throttle_at if self.held == "throttle" else None
+        return {"reason": self.held, "key": key or None, "until": until}
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +407,7 @@ _RUN_INSERT = (
     *("queued_at", "next_step", "rerun_of"),
 )
 _RUN_INSERT_NESTED = (*_RUN_INSERT, "parent_run_id", "parent_idx", "root_run_id", "scope")
+_RUN_CONTROL = ("priority", "concurrency_key", "throttle_key", "debounce_key", "held")
 _STEP_CONVERT = {"status": StepStatus, "interrupted": lambda v: tuple(v or ())}
 _STEP_COLUMNS = (
     *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),

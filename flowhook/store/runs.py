@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, func, select, text, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -47,8 +47,6 @@ __all__ = [
     "request_cancel",
     "next_due",
     "cancel_requested_among",
-    "count_in_flight_ahead",
-    "defer",
     "hand_back",
     "queue_depth",
 ]
@@ -64,6 +62,8 @@ class LeaseLost(Exception):
 RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
 
 _CLAIMABLE = text(ACTIVE_RUN)
+_HIGHER = text("runs.priority <> 0 AND runs.priority > 0")  # as ix_runs_priority states it
+_LOWER = text("runs.priority <> 0 AND runs.priority < 0")
 """Queued or running: what the queue holds (written out, see :mod:`flowhook.store.guards`)."""
 
 
@@ -97,13 +97,14 @@ async def insert_runs(
         return
     if payloads is not None and len(payloads) != len(batch):
         raise ValueError("one encoded payload per run")
-    rows = []
+    shapes: dict[bool, list[dict[str, Any]]] = {}
     for i, (run, key, digest) in enumerate(batch):
         row = run.to_row(None if payloads is None else payloads[i])
         row["idempotency_key"] = key
         row["request_hash"] = digest
-        rows.append(row)
-    await bulk.insert(conn, runs, rows)
+        shapes.setdefault(run.controlled, []).append(row)
+    for rows in shapes.values():  # one statement per column set
+        await bulk.insert(conn, runs, rows)
     conn.info.setdefault("wake", set()).add("runs")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
@@ -177,28 +178,46 @@ async def claim_runs(
 ) -> list[Run]:
     """Claim up to ``limit`` due runs for ``owner`` under a lease ending at ``lease_until``.
 
-    Runs are taken in the order they fell due (``due_at``), which claims and heartbeats do
-    not move: a run whose worker died is taken in its place once its lease ends, instead of
+    Runs are taken highest ``priority`` first, then in the order they fell due (``due_at``),
+    which claims and heartbeats do not move: a run whose worker died is taken in its place once its lease ends, instead of
     behind every run queued meanwhile (``available_at`` is the lease's end by then). The
     index on ``due_at`` is read in order; the runs under a live lease at its head are
-    passed over (at most the runs held now).
+    passed over (at most the runs held now). Runs of priority 0 (nearly all) come from that
+    index; the others from the partial ``ix_runs_priority``, which only they are in, so a
+    queue without priorities pays two probes of an empty index.
 
     PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
     writer, so the same statement inside its write transaction is enough.
     """
-    due = (
-        select(runs.c.run_id)
-        .where(_CLAIMABLE, runs.c.due_at <= now, runs.c.available_at <= now)
-        .order_by(runs.c.due_at)
+    pg = conn.dialect.name == "postgresql"
+
+    def due(where: Any, index: str, *order: Any) -> Any:
+        q = (
+            select(runs.c.run_id, runs.c.priority, runs.c.due_at)
+            .where(_CLAIMABLE, where, runs.c.due_at <= now, runs.c.available_at <= now)
+            .order_by(*order)
+            .limit(limit)
+        )
+        if pg:
+            q = q.with_for_update(skip_locked=True)
+        else:
+            q = q.with_hint(runs, f"INDEXED BY {index}", "sqlite")
+        return select(q.subquery())
+
+    # Priority 0 (nearly every run) in due order from ix_runs_due_at; the others from the
+    # partial ix_runs_priority, which holds only them: higher first, then oldest first.
+    first = due(_HIGHER, "ix_runs_priority", runs.c.priority.desc(), runs.c.due_at)
+    plain = due(runs.c.priority == 0, "ix_runs_due_at", runs.c.due_at)
+    last = due(_LOWER, "ix_runs_priority", runs.c.priority.desc(), runs.c.due_at)
+    candidates = union_all(first, plain, last).subquery()
+    chosen = (
+        select(candidates.c.run_id)
+        .order_by(candidates.c.priority.desc(), candidates.c.due_at)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
-        due = due.with_for_update(skip_locked=True)
-    else:
-        due = due.with_hint(runs, "INDEXED BY ix_runs_due_at", "sqlite")
     stmt = (
         update(runs)
-        .where(runs.c.run_id.in_(due.scalar_subquery()))
+        .where(runs.c.run_id.in_(chosen.scalar_subquery()))
         .values(
             lease_owner=owner,
             lease_expires_at=lease_until,
@@ -391,6 +410,7 @@ async def cancel_unleased(
             finished_at=now,
             cancel_requested_at=now,
             duration_ms=duration_ms,
+            held=None,  # its slot, if any, is the caller's to give on (control.free_slots)
         )
     )
     return result.rowcount == 1
@@ -430,65 +450,6 @@ async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) 
         runs.c.run_id.in_(list(run_ids)), runs.c.cancel_requested_at.is_not(None)
     )
     return list((await conn.execute(q)).scalars())
-
-
-async def count_in_flight_ahead(conn: AsyncConnection, run: Run) -> int:
-    """Runs of ``run``'s flow that a worker holds now and that go before it, for the flow's
-    ``concurrency`` cap: the older ones (the oldest runs go first, so the cap never starves
-    them all) and the younger ones already running. A younger run can be running when it was
-    claimed while older ones sat deferred; counting it keeps those older ones from going on
-    top of it.
-
-    Call it in the write transaction that admits the run (marks it ``running``) or defers it:
-    on PostgreSQL it first takes the flow's admission lock (a transaction-level advisory lock,
-    taken before any row lock, so it joins no lock cycle), so two workers never both admit on
-    the same count; on SQLite the write transaction is already the only one. Every run that
-    executes was admitted this way and is ``running`` and leased while it does, so the count
-    includes all of them. A lease that ran out still counts until another worker takes the run
-    (which it does as soon as it is due): its worker may still be executing it, having failed
-    to renew the lease but not yet noticed. A run whose ``parallel`` or ``map`` step has
-    branches or items still going counts too (they are that run, executing)."""
-    if conn.dialect.name == "postgresql":
-        key = func.hashtextextended(f"flowhook.concurrency:{run.flow_id}", 0)
-        await conn.execute(select(func.pg_advisory_xact_lock(key)))
-    whose = func.coalesce(runs.c.root_run_id, runs.c.run_id)
-    q = (
-        select(func.count(whose.distinct()))
-        .select_from(runs)
-        .where(
-            runs.c.flow_id == run.flow_id,
-            whose != run.run_id,
-            _CLAIMABLE,
-            or_(
-                # a run whose branches or items go is in flight, held by a worker or not
-                runs.c.root_run_id.is_not(None),
-                and_(
-                    runs.c.lease_owner.is_not(None),
-                    or_(runs.c.run_id < run.run_id, runs.c.status == str(RunStatus.RUNNING)),
-                ),
-            ),
-        )
-    )
-    return int((await conn.execute(q)).scalar_one())
-
-
-async def defer(conn: AsyncConnection, run_id: str, *, owner: str, until: datetime) -> None:
-    """Hand a claimed run back untouched until ``until``; the claim does not count as lost."""
-    result = await conn.execute(
-        update(runs)
-        .where(runs.c.run_id == run_id, runs.c.lease_owner == owner, _CLAIMABLE)
-        .values(
-            available_at=until,
-            due_at=until,
-            lease_owner=None,
-            lease_expires_at=None,
-            claims=func.max(runs.c.claims - 1, 0)
-            if conn.dialect.name == "sqlite"
-            else func.greatest(runs.c.claims - 1, 0),
-        )
-    )
-    if result.rowcount != 1:
-        raise LeaseLost(run_id)
 
 
 async def hand_back(

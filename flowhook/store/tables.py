@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -11,6 +13,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -166,6 +169,16 @@ runs = Table(
     Column("parent_idx", Integer),
     _ref("root_run_id", required=False),
     Column("scope", JSONType),
+    # Flow control (see flowhook/store/control.py): the keys read when the run was accepted,
+    # the concurrency slot it holds from admission to its end, why it is held back, and its
+    # place among due runs.
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("concurrency_key", String(255)),
+    Column("concurrency_slot", String(255)),
+    Column("held", String(16)),
+    Column("throttle_key", String(255)),
+    _at("throttle_at", required=False),
+    Column("debounce_key", String(255)),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
@@ -179,6 +192,31 @@ runs = Table(
     ),
     Index(None, "workspace_id", "mode", "run_id"),
     Index(None, "flow_id", "run_id"),
+)
+
+
+def _partial(name: str, where: str, *columns: Any) -> Index:
+    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+
+
+# Flow control's partial indexes: runs without flow control are in none of them.
+_partial(  # due prioritised runs, highest first (claim_runs; priority 0 reads ix_runs_due_at)
+    "ix_runs_priority", "priority <> 0 AND status IN ('queued', 'running')",
+    runs.c.priority.desc(), runs.c.due_at,
+)  # fmt: skip
+_partial(  # the runs holding a concurrency slot, per flow and key
+    "ix_runs_slots", "concurrency_slot IS NOT NULL", runs.c.flow_id, runs.c.concurrency_slot
+)
+_partial(  # the runs waiting for a slot, in the order they get one
+    "ix_runs_held", "held = 'concurrency'",
+    runs.c.flow_id, runs.c.concurrency_key, runs.c.priority.desc(), runs.c.run_id,
+)  # fmt: skip
+_partial(  # a throttle's reserved starts, latest last
+    "ix_runs_throttle", "throttle_at IS NOT NULL",
+    runs.c.flow_id, runs.c.throttle_key, runs.c.throttle_at,
+)  # fmt: skip
+_partial(  # the run a debounced execute may still join
+    "ix_runs_debounce", "held = 'debounce'", runs.c.flow_id, runs.c.debounce_key
 )
 
 run_steps = Table(

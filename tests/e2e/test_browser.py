@@ -440,3 +440,38 @@ def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -
     assert page.locator("li[data-step=each] .item").count() == 4
     shot(page, "25-run-tree")
     api.close()
+
+
+def test_a_run_held_back_by_flow_control_says_why(app: Server, page: Any) -> None:
+    """A run waiting for a slot of its key shows the reason and the key on its page."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Sync customer",
+        "concurrency": {"limit": 1, "key": "{{ payload.customer }}"},
+        "priority": 5,
+        "steps": [
+            {"id": "hold", "type": "wait", "signal": "sync.done",
+             "match": {"n": "{{ payload.n }}"}},
+        ],
+    }  # fmt: skip
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    body = {"flow_id": flow_id, "payload": {"customer": "cus_42", "n": 1}}
+    first = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    body["payload"] = {"customer": "cus_42", "n": 2}
+    second = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    for _ in range(200):
+        if api.get(f"/api/v1/flows/runs/{second}").json()["waiting_for"]:
+            break
+        time.sleep(0.05)
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{second}")
+    why = page.inner_text("#waiting-for")
+    assert "concurrency limit for cus_42" in why  # noqa: SIM and "starts when a run of that key ends" in why
+    assert "Held back by flow control." in page.inner_text("main")
+    assert "Priority" in page.inner_text(".facts")
+    shot(page, "26-run-held-by-concurrency")
+    for run_id in (first, second):
+        api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    api.close()

@@ -46,6 +46,10 @@ def _runs() -> list[dict[str, Any]]:
             "available_at": (NOW + timedelta(microseconds=-NOW.microsecond)).astimezone(ELSEWHERE),
             "idempotency_key": None if i else "key-0", "request_hash": None,
             "next_step": i, "rerun_of": "run_x" if i == 2 else None,
+            # flow control's columns (SmallInteger among them)
+            "priority": i - 1, "concurrency_key": "cus_42" if i else "",
+            "throttle_key": None, "debounce_key": "d" if i == 2 else None,
+            "held": "debounce" if i == 2 else None,
         }
         for i in range(3)
     ]  # fmt: skip

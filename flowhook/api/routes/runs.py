@@ -50,6 +50,7 @@ async def execute(
         payload=body.payload,
         trigger=body.trigger,
         idempotency_key=idempotency_key,
+        priority=body.priority,
     )
     return accepted(started)
 
