@@ -358,13 +358,24 @@ def endpoints_add(
     url: str,
     events: Annotated[str, typer.Option("--events", help="Comma-separated event names.")],
     description: Annotated[str, typer.Option("--description")] = "",
+    rate_limit: Annotated[
+        float | None, typer.Option("--rate-limit", help="At most this many deliveries a second.")
+    ] = None,
+    fifo: Annotated[
+        bool, typer.Option("--fifo", help="One delivery in flight, in event order.")
+    ] = False,
+    flow: Annotated[
+        list[str] | None,
+        typer.Option("--flow", help="Only events of this flow (wf_…); repeat for more."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Register a webhook endpoint; prints its signing secret (shown once)."""
     with client() as c:
         ep = c.create_endpoint(
-            url, [e.strip() for e in events.split(",") if e.strip()], description
-        )
+            url, [e.strip() for e in events.split(",") if e.strip()], description,
+            rate_limit=rate_limit, fifo=fifo, flow_ids=flow or None,
+        )  # fmt: skip
     shown(
         ep,
         as_json,

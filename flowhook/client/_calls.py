@@ -79,12 +79,23 @@ def list_flows(limit: int, cursor: str | None) -> Call:
     return Call("GET", "/flows", params={"limit": limit, "cursor": cursor})
 
 
-def create_endpoint(url: str, events: list[str], description: str) -> Call:
-    return Call(
-        "POST",
-        "/webhooks/endpoints",
-        json={"url": url, "events": events, "description": description},
-    )
+def create_endpoint(
+    url: str,
+    events: list[str],
+    description: str,
+    *,
+    rate_limit: float | None = None,
+    fifo: bool = False,
+    flow_ids: list[str] | None = None,
+) -> Call:
+    body: dict[str, Any] = {"url": url, "events": events, "description": description}
+    if rate_limit is not None:
+        body["rate_limit"] = rate_limit
+    if fifo:
+        body["ordering"] = "fifo"
+    if flow_ids:
+        body["filter"] = {"flow_ids": flow_ids}
+    return Call("POST", "/webhooks/endpoints", json=body)
 
 
 def list_endpoints(limit: int) -> Call:

@@ -141,9 +141,23 @@ class Client:
     def list_flows(self, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
         return list(self._send(calls.list_flows(limit, cursor))["data"])
 
-    def create_endpoint(self, url: str, events: list[str], description: str = "") -> dict[str, Any]:
-        """Register a webhook endpoint; the answer carries its ``secret`` (shown once)."""
-        return dict(self._send(calls.create_endpoint(url, events, description)))
+    def create_endpoint(
+        self,
+        url: str,
+        events: list[str],
+        description: str = "",
+        *,
+        rate_limit: float | None = None,
+        fifo: bool = False,
+        flow_ids: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Register a webhook endpoint; the answer carries its ``secret`` (shown once).
+        ``rate_limit``: deliveries a second; ``fifo``: one in flight, in event order;
+        ``flow_ids``: only events of these flows."""
+        call = calls.create_endpoint(
+            url, events, description, rate_limit=rate_limit, fifo=fifo, flow_ids=flow_ids
+        )
+        return dict(self._send(call))
 
     def list_endpoints(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return list(self._send(calls.list_endpoints(limit))["data"])
@@ -276,9 +290,19 @@ class AsyncClient:
         return dict(await self._send(calls.create_flow(definition)))
 
     async def create_endpoint(
-        self, url: str, events: list[str], description: str = ""
+        self,
+        url: str,
+        events: list[str],
+        description: str = "",
+        *,
+        rate_limit: float | None = None,
+        fifo: bool = False,
+        flow_ids: list[str] | None = None,
     ) -> dict[str, Any]:
-        return dict(await self._send(calls.create_endpoint(url, events, description)))
+        call = calls.create_endpoint(
+            url, events, description, rate_limit=rate_limit, fifo=fifo, flow_ids=flow_ids
+        )
+        return dict(await self._send(call))
 
     async def list_deliveries(
         self, *, status: str | None = None, limit: int = 20

@@ -12,7 +12,7 @@ from flowhook.clock import Clock
 from flowhook.config import Settings, parse_duration
 from flowhook.errors import InvalidInput
 from flowhook.events import EVENT_TYPES, TEST_EVENT, make_event
-from flowhook.ids import new_id
+from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, listed
@@ -80,6 +80,9 @@ class WebhookService:
         events: list[str],
         description: str = "",
         enabled: bool = True,
+        rate_limit: float | None = None,
+        ordering: str | None = None,
+        filter: list[str] | None = None,
     ) -> Endpoint:
         now = self._clock.now()
         endpoint = Endpoint(
@@ -93,6 +96,9 @@ class WebhookService:
             secret=new_secret(),
             created_at=now,
             updated_at=now,
+            rate_limit=_check_rate(rate_limit),
+            ordering=_check_ordering(ordering),
+            filter_flow_ids=_check_flow_ids(filter),
         )
         async with self._db.transaction() as conn:
             await store.insert_endpoint(conn, endpoint)
@@ -141,9 +147,20 @@ class WebhookService:
                 endpoint.disabled_reason = None
                 endpoint.failing_since = None
             endpoint.enabled = bool(changes["enabled"])
-        endpoint.updated_at = self._clock.now()
+        was_fifo = endpoint.ordering == store.FIFO
+        if "rate_limit" in changes:  # null clears it
+            endpoint.rate_limit = _check_rate(changes["rate_limit"])
+        if "ordering" in changes:
+            endpoint.ordering = _check_ordering(changes["ordering"])
+        if "filter" in changes:
+            given = changes["filter"]  # {"flow_ids": […]} from the API, the list from a form
+            flow_ids = given.get("flow_ids") if isinstance(given, dict) else given
+            endpoint.filter_flow_ids = _check_flow_ids(flow_ids)
+        endpoint.updated_at = now = self._clock.now()
         async with self._db.transaction() as conn:
             await store.update_endpoint(conn, endpoint, events_changed=events_changed)
+            if was_fifo and endpoint.ordering != store.FIFO:  # what it held back goes now
+                await store.release_all(conn, endpoint.id, now)
         return endpoint
 
     async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
@@ -267,7 +284,9 @@ class WebhookService:
 
     async def _replay(self, conn: Any, original: Delivery) -> Delivery:
         copy = original.replayed(new_id("dlv"), self._clock.now())
-        await store.insert_deliveries(conn, [copy])
+        endpoint = await store.get_endpoint(conn, original.endpoint_id)
+        fifo = [endpoint.id] if endpoint is not None and endpoint.ordering == store.FIFO else []
+        await store.insert_deliveries(conn, [copy], fifo=fifo)  # behind the ones in hand
         return copy
 
     async def recover(
@@ -340,3 +359,34 @@ class WebhookService:
             self._db, "event", "evt", event_id,
             lambda conn: events_store.get_event(conn, who.workspace_id, who.mode, event_id),
         )  # fmt: skip
+
+
+def _check_rate(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 10000:
+        raise InvalidInput(
+            f"rate_limit must be a number of deliveries a second above 0 and at most 10000, "
+            f"not {value!r}",
+            field="rate_limit",
+        )
+    return float(value)
+
+
+def _check_ordering(value: str | None) -> str | None:
+    if value not in (None, store.FIFO):
+        raise InvalidInput(f'ordering must be "fifo" or null, not {value!r}', field="ordering")
+    return value
+
+
+def _check_flow_ids(value: list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > 100:
+        raise InvalidInput("filter.flow_ids must be a list of at most 100 flow ids",
+                           field="filter.flow_ids")  # fmt: skip
+    for flow_id in value:
+        if not isinstance(flow_id, str) or not is_id(flow_id, "wf"):
+            raise InvalidInput(f"filter.flow_ids: {flow_id!r} is not a flow id (wf_…)",
+                               field="filter.flow_ids")  # fmt: skip
+    return sorted(set(value))

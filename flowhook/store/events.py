@@ -28,26 +28,27 @@ async def insert_events(
     if not batch:
         return 0
     await bulk.insert(conn, events, [e.to_row() for e in batch])
-    targets: dict[tuple[str, Mode, str], list[str]] = {}
     if to_endpoint is not None:  # a test event: to that endpoint alone
-        for e in batch:
-            targets[(e.workspace_id, e.mode, e.type)] = [to_endpoint]
-    else:
-        tenants: dict[tuple[str, Mode], set[str]] = {}
-        for e in batch:
-            tenants.setdefault((e.workspace_id, e.mode), set()).add(e.type)
-        for (workspace_id, mode), types in tenants.items():
-            found = await webhooks_store.subscribers(conn, workspace_id, mode, sorted(types))
-            for endpoint_id, event_type in found:
-                targets.setdefault((workspace_id, mode, event_type), []).append(endpoint_id)
+        queued = [Delivery.queued(new_id("dlv"), e, to_endpoint) for e in batch]
+        await webhooks_store.insert_deliveries(conn, queued)
+        return len(queued)
+    targets: dict[tuple[str, Mode, str], list[webhooks_store.Subscriber]] = {}
+    tenants: dict[tuple[str, Mode], set[str]] = {}
+    for e in batch:
+        tenants.setdefault((e.workspace_id, e.mode), set()).add(e.type)
+    for (workspace_id, mode), types in tenants.items():
+        for found in await webhooks_store.subscribers(conn, workspace_id, mode, sorted(types)):
+            targets.setdefault((workspace_id, mode, found.event), []).append(found)
     if not targets:
         return 0
     queued = [
-        Delivery.queued(new_id("dlv"), e, endpoint_id)
+        Delivery.queued(new_id("dlv"), e, sub.endpoint_id)
         for e in batch
-        for endpoint_id in targets.get((e.workspace_id, e.mode, e.type), ())
+        for sub in targets.get((e.workspace_id, e.mode, e.type), ())
+        if sub.wants(e.flow_id)  # an endpoint's filter.flow_ids
     ]
-    await webhooks_store.insert_deliveries(conn, queued)
+    fifo = sorted({s.endpoint_id for subs in targets.values() for s in subs if s.fifo})
+    await webhooks_store.insert_deliveries(conn, queued, fifo=fifo)
     return len(queued)
 
 

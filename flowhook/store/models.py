@@ -322,6 +322,12 @@ class Endpoint:
     previous_secret_expires_at: datetime | None = None
     disabled_reason: str | None = None
     failing_since: datetime | None = None
+    rate_limit: float | None = None
+    """At most this many deliveries a second, across every process."""
+    ordering: str | None = None
+    """``fifo``: one delivery in flight, in event order."""
+    filter_flow_ids: list[str] | None = None
+    """Only events of these flows."""
 
 
 @dataclass(slots=True)

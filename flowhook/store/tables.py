@@ -8,6 +8,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -271,6 +272,12 @@ webhook_endpoints = Table(
     _at("failing_since", required=False),
     _at("created_at"),
     _at("updated_at"),
+    # Flow control of deliveries: at most rate_limit a second (rate_next_at: when the next
+    # may go, across processes), one in flight in event order ("fifo"), only these flows.
+    Column("rate_limit", Float),
+    _at("rate_next_at", required=False),
+    Column("ordering", String(8)),
+    Column("filter_flow_ids", JSONType),
     Index(None, "workspace_id", "mode", "id"),
 )
 

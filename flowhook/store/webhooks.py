@@ -11,8 +11,8 @@ is marked ``interrupted`` in the attempt log.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, text, update
@@ -42,6 +42,13 @@ __all__ = [
     "subscribers",
     "insert_deliveries",
     "claim_deliveries",
+    "reserve_send",
+    "release_next",
+    "release_all",
+    "lock_endpoint",
+    "Subscriber",
+    "FIFO",
+    "HELD",
     "INTERRUPTED",
     "Completion",
     "finish_attempts",
@@ -55,6 +62,9 @@ __all__ = [
 ]
 
 DELIVERY_CHANNEL = "flowhook_deliveries"
+FIFO = "fifo"
+HELD = datetime(9999, 1, 1, tzinfo=UTC)
+"""When a FIFO endpoint's delivery behind a pending one falls due: never, until released."""
 
 _EP = webhook_endpoints.c
 _D = deliveries.c
@@ -98,6 +108,9 @@ def _endpoint_values(ep: Endpoint, box: SecretBox) -> dict[str, Any]:
         "previous_secret_expires_at": ep.previous_secret_expires_at,
         "failing_since": ep.failing_since,
         "updated_at": ep.updated_at,
+        "rate_limit": ep.rate_limit,
+        "ordering": ep.ordering,
+        "filter_flow_ids": ep.filter_flow_ids,
     }
 
 
@@ -166,12 +179,31 @@ async def delete_endpoint(
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class Subscriber:
+    """An enabled endpoint that chose an event type, with what decides its deliveries."""
+
+    endpoint_id: str
+    event: str
+    flow_ids: list[str] | None
+    """Only events of these flows (``None``: every event)."""
+    fifo: bool
+
+    def wants(self, flow_id: str | None) -> bool:
+        return self.flow_ids is None or flow_id in self.flow_ids
+
+
 async def subscribers(
     conn: AsyncConnection, workspace_id: str, mode: Mode, event_types: Sequence[str]
-) -> list[tuple[str, str]]:
-    """(endpoint id, event type) for every enabled endpoint that chose one of the types."""
+) -> list[Subscriber]:
+    """Every enabled endpoint that chose one of the types, once per type it chose."""
     q = (
-        select(endpoint_events.c.endpoint_id, endpoint_events.c.event)
+        select(
+            endpoint_events.c.endpoint_id,
+            endpoint_events.c.event,
+            _EP.filter_flow_ids,
+            _EP.ordering,
+        )
         .join(webhook_endpoints, _EP.id == endpoint_events.c.endpoint_id)
         .where(
             _EP.workspace_id == workspace_id,
@@ -180,17 +212,94 @@ async def subscribers(
             endpoint_events.c.event.in_(list(set(event_types))),
         )
     )
-    return [(r.endpoint_id, r.event) for r in (await conn.execute(q)).all()]
+    return [
+        Subscriber(r.endpoint_id, r.event, r.filter_flow_ids, r.ordering == FIFO)
+        for r in (await conn.execute(q)).all()
+    ]
 
 
-async def insert_deliveries(conn: AsyncConnection, queued: Sequence[Delivery]) -> None:
-    """Queue deliveries; PostgreSQL listeners hear of them at commit."""
+async def lock_endpoint(conn: AsyncConnection, endpoint_id: str) -> None:
+    """Serialise the queueing and the ends of a FIFO endpoint's deliveries (a transaction
+    -level advisory lock on PostgreSQL; SQLite has one writer)."""
+    if conn.dialect.name == "postgresql":
+        key = func.hashtextextended(f"flowhook.fifo:{endpoint_id}", 0)
+        await conn.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+async def insert_deliveries(
+    conn: AsyncConnection, queued: Sequence[Delivery], *, fifo: Sequence[str] = ()
+) -> None:
+    """Queue deliveries; PostgreSQL listeners hear of them at commit. A delivery to an
+    endpoint of ``fifo`` waits (due never, :data:`HELD`) while another of that endpoint is
+    pending: the one that ends releases the next, in event order."""
     if not queued:
         return
+    if fifo:
+        queued = await _queue_in_order(conn, queued, set(fifo))
     await bulk.insert(conn, deliveries, [d.to_row() for d in queued])
+    await _wake(conn)
+
+
+async def _queue_in_order(
+    conn: AsyncConnection, queued: Sequence[Delivery], fifo: set[str]
+) -> list[Delivery]:
+    out = list(queued)
+    for endpoint_id in sorted({d.endpoint_id for d in queued} & fifo):
+        await lock_endpoint(conn, endpoint_id)
+        busy = await _pending_of(conn, endpoint_id)
+        for i, d in enumerate(out):
+            if d.endpoint_id != endpoint_id:
+                continue
+            if busy:
+                out[i] = replace(d, next_attempt_at=HELD)
+            busy = True
+    return out
+
+
+async def _pending_of(conn: AsyncConnection, endpoint_id: str) -> bool:
+    q = select(_D.id).where(_D.endpoint_id == endpoint_id, _DUE).limit(1)
+    return (await conn.execute(q)).first() is not None
+
+
+async def release_next(conn: AsyncConnection, endpoint_id: str, now: datetime) -> str | None:
+    """A FIFO endpoint's delivery ended: the oldest one it holds back becomes due, unless one
+    is due already (an endpoint made FIFO with several in hand goes on until they are sent).
+    Call after :func:`lock_endpoint`."""
+    mine = (_D.endpoint_id == endpoint_id, _DUE)
+    going = select(_D.id).where(*mine, _D.due_at != HELD).limit(1)
+    if (await conn.execute(going)).first() is not None:
+        return None
+    oldest = select(_D.id).where(*mine).order_by(_D.created_at, _D.event_id, _D.id).limit(1)
+    nxt = (await conn.execute(oldest)).scalar()
+    if nxt is None:
+        return None
+    await conn.execute(
+        update(deliveries).where(_D.id == nxt, _DUE).values(next_attempt_at=now, due_at=now)
+    )
+    await _wake(conn)
+    return str(nxt)
+
+
+async def release_all(conn: AsyncConnection, endpoint_id: str, now: datetime) -> None:
+    """An endpoint is no longer FIFO: every delivery it held back is due now."""
+    await conn.execute(
+        update(deliveries)
+        .where(_D.endpoint_id == endpoint_id, _DUE, _D.due_at == HELD)
+        .values(next_attempt_at=now, due_at=now)
+    )
+    await _wake(conn)
+
+
+async def _wake(conn: AsyncConnection) -> None:
+    """Dispatchers hear of due deliveries at commit: this process's, and on PostgreSQL
+    every other one's."""
     conn.info.setdefault("wake", set()).add("deliveries")
     if conn.dialect.name == "postgresql":
         await conn.execute(text(f"NOTIFY {DELIVERY_CHANNEL}"))
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +320,8 @@ class DueDelivery:
     previous_secret_expires_at: datetime | None
     failing_since: datetime | None
     created_at: datetime
+    ordering: str | None = None
+    rate_limit: float | None = None
 
     @classmethod
     def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
@@ -238,6 +349,8 @@ _DUE_COLUMNS = (
     _EP.previous_secret_expires_at,
     _EP.failing_since,
     _D.created_at,
+    _EP.ordering,
+    _EP.rate_limit,
 )
 
 
@@ -337,6 +450,25 @@ async def _oldest_due(
     return list((await conn.execute(due)).scalars())
 
 
+async def reserve_send(conn: AsyncConnection, endpoint_id: str, now: datetime) -> datetime:
+    """When a delivery to an endpoint with a ``rate_limit`` may be sent: the endpoint's next
+    free time (``rate_next_at``, its row locked, so every dispatcher shares one schedule),
+    which moves on by ``1 / rate_limit`` seconds; ``now`` for an endpoint without one."""
+    q = select(_EP.rate_next_at, _EP.rate_limit).where(_EP.id == endpoint_id)
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = (await conn.execute(q)).first()
+    if row is None or not row.rate_limit:
+        return now
+    slot = max(now, _aware(row.rate_next_at)) if row.rate_next_at else now
+    await conn.execute(
+        update(webhook_endpoints)
+        .where(_EP.id == endpoint_id)
+        .values(rate_next_at=slot + timedelta(seconds=1.0 / float(row.rate_limit)))
+    )
+    return slot
+
+
 async def _mark_interrupted(conn: AsyncConnection, delivery_ids: Sequence[str]) -> None:
     """Mark the attempts of ``delivery_ids`` that never recorded an outcome as interrupted:
     they are claimed again, so no process is sending them any more (a late answer from one
@@ -380,6 +512,8 @@ class Completion:
     status: DeliveryStatus
     next_attempt_at: datetime | None
     last_error: str | None
+    fifo: bool = False
+    """Its endpoint is FIFO: a final outcome releases the next delivery."""
 
 
 async def finish_attempts(
@@ -410,6 +544,14 @@ async def finish_attempts(
             ordered=True,
         )
         lost.extend(c.delivery_id for c, ok in zip(moving, applied, strict=True) if not ok)
+    ended = {
+        c.endpoint_id: c.attempt.finished_at or c.attempt.started_at
+        for c in completions
+        if c.fifo and c.status is not DeliveryStatus.PENDING and c.delivery_id not in lost
+    }
+    for endpoint_id in sorted(ended):  # the next in event order goes
+        await lock_endpoint(conn, endpoint_id)
+        await release_next(conn, endpoint_id, ended[endpoint_id])
     await bulk.update(
         conn,
         delivery_attempts,

@@ -200,8 +200,32 @@ async def webhooks(p: Page = PageDep) -> Response:
     endpoints = (await p.services.webhooks.list_endpoints(p.who, limit=100, cursor=None)).data
     health = await p.services.webhooks.health(p.who, endpoints)
     return p.render(
-        "webhooks.html", endpoints=endpoints, health=health, events=EVENT_TYPES, error=None, form={}
-    )
+        "webhooks.html", endpoints=endpoints, health=health, events=EVENT_TYPES, error=None,
+        form={}, flows=await _flow_choices(p),
+    )  # fmt: skip
+
+
+async def _flow_choices(p: Page) -> list[Any]:
+    """The flows an endpoint's filter may name, by name."""
+    return list((await p.services.flows.list(p.who, limit=100, cursor=None)).data)
+
+
+def _delivery_controls(fields: dict[str, list[str]]) -> dict[str, Any]:
+    """An endpoint form's pace and order fields, as the service takes them (a rate that is
+    not a number is left for the service to refuse, naming the field)."""
+    given = first(fields, "rate_limit").strip()
+    rate: Any = None
+    if given:
+        try:
+            rate = float(given)
+        except ValueError:
+            rate = given
+    flow_ids = [f for f in fields.get("flow_ids", []) if f]
+    return {
+        "rate_limit": rate,
+        "ordering": "fifo" if first(fields, "fifo") else None,
+        "filter": flow_ids or None,
+    }
 
 
 @router.post("/settings/webhooks")
@@ -212,16 +236,25 @@ async def webhooks_create(p: Page = PageDep) -> Response:
         first(fields, "description"),
         fields.get("events", []),
     )
+    controls = _delivery_controls(fields)
     try:
         ep = await p.services.webhooks.create_endpoint(
-            p.who, url=url, events=chosen, description=description
+            p.who, url=url, events=chosen, description=description, **controls
         )
     except InvalidInput as exc:
         endpoints = (await p.services.webhooks.list_endpoints(p.who, limit=100, cursor=None)).data
         health = await p.services.webhooks.health(p.who, endpoints)
+        form = {
+            "url": url,
+            "description": description,
+            "events": chosen,
+            "rate_limit": first(fields, "rate_limit"),
+            "fifo": bool(controls["ordering"]),
+            "flow_ids": controls["filter"],
+        }
         return p.render(
             "webhooks.html", 400, endpoints=endpoints, health=health, events=EVENT_TYPES,
-            error=exc.message, form={"url": url, "description": description, "events": chosen},
+            error=exc.message, form=form, flows=await _flow_choices(p),
         )  # fmt: skip
     return redirect(f"/settings/webhooks/{ep.id}?created=1")
 
@@ -244,6 +277,7 @@ async def _endpoint_page(
     return p.render(
         "endpoint.html", status, ep=ep, events=EVENT_TYPES, show_secret=secret or created, created=created,
         failed=failed.data, health=health, notice=notice, error=error,
+        flows=await _flow_choices(p),
     )  # fmt: skip
 
 
@@ -262,7 +296,11 @@ async def endpoint_action(endpoint_id: str, p: Page = PageDep) -> Response:
             await hooks.update_endpoint(
                 p.who,
                 endpoint_id,
-                {"events": fields.get("events", []), "url": first(fields, "url") or None},
+                {
+                    "events": fields.get("events", []),
+                    "url": first(fields, "url") or None,
+                    **_delivery_controls(fields),
+                },
             )
             return await _endpoint_page(p, endpoint_id, notice="Saved.")
         if action in ("enable", "disable"):

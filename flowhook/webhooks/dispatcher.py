@@ -182,24 +182,37 @@ class Dispatcher(Consumer):
         if due.url is None or not due.enabled:
             await self._complete(self._undeliverable(due, number))
             return
-        async with self._sending[due.endpoint_id], self._send_slots:
-            started = self.clock.now()  # the attempt starts when its request may go out
-            if not await self._lease_covers_request(due, started):
-                return  # another process holds it now: it sends this attempt
-            result = await send(
-                self.http,
-                due.url,
-                due.body,
-                self._headers(due, number, started),
-                timeout=self.timeout,
-                allow_private=self.allow_private,
-                retry_throttled=self.retry_throttled,
-            )
+        async with self._sending[due.endpoint_id]:
+            if due.rate_limit:  # wait for the send time the endpoint's rate gives it
+                await self._paced(due)
+            async with self._send_slots:
+                started = self.clock.now()  # the attempt starts when its request may go out
+                if not await self._lease_covers_request(due, started):
+                    return  # another process holds it now: it sends this attempt
+                assert due.url is not None
+                result = await send(
+                    self.http,
+                    due.url,
+                    due.body,
+                    self._headers(due, number, started),
+                    timeout=self.timeout,
+                    allow_private=self.allow_private,
+                    retry_throttled=self.retry_throttled,
+                )
         finished = self.clock.now()
         await self._complete(self._outcome(due, number, started, finished, result))
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
         if result.delivered:
             metrics.record_delivered((finished - due.created_at).total_seconds())
+
+    async def _paced(self, due: store.DueDelivery) -> None:
+        """Reserve this delivery's send time on its endpoint's shared schedule (at most
+        ``rate_limit`` a second across every process) and sleep until then."""
+        async with self.db.transaction() as conn:
+            slot = await store.reserve_send(conn, due.endpoint_id, self.clock.now())
+        wait = (slot - self.clock.now()).total_seconds()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def _undeliverable(self, due: store.DueDelivery, number: int) -> store.Completion:
         """The failed attempt of a delivery whose endpoint was deleted or disabled."""
@@ -216,6 +229,7 @@ class Dispatcher(Consumer):
             DeliveryStatus.FAILED,
             None,
             "the endpoint was deleted" if gone else "the endpoint is disabled",
+            fifo=due.ordering == store.FIFO,
         )  # fmt: skip
 
     @staticmethod
@@ -273,7 +287,10 @@ class Dispatcher(Consumer):
             next_attempt_at=next_at,
         )
         last_error = f"{result.error_class}: {result.error_detail}" if result.error_class else None
-        return store.Completion(due.id, due.endpoint_id, attempt, status, next_at, last_error)
+        return store.Completion(
+            due.id, due.endpoint_id, attempt, status, next_at, last_error,
+            fifo=due.ordering == store.FIFO,
+        )  # fmt: skip
 
     async def _lease_covers_request(self, due: store.DueDelivery, now: datetime) -> bool:
         """A held delivery may wait for a request slot (a slow endpoint answers its earlier

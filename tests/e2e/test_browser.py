@@ -468,10 +468,53 @@ def test_a_run_held_back_by_flow_control_says_why(app: Server, page: Any) -> Non
     sign_in(page, app)
     page.goto(f"{app.base}/runs/{second}")
     why = page.inner_text("#waiting-for")
-    assert "concurrency limit for cus_42" in why  # noqa: SIM and "starts when a run of that key ends" in why
+    assert "concurrency limit for cus_42" in why and "starts when a run of that key ends" in why
     assert "Held back by flow control." in page.inner_text("main")
     assert "Priority" in page.inner_text(".facts")
     shot(page, "26-run-held-by-concurrency")
     for run_id in (first, second):
         api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    api.close()
+
+
+def test_an_endpoint_s_pace_order_and_flows_are_set_in_its_form(app: Server, page: Any) -> None:
+    """The add form sets rate limit, FIFO and the flows by name; the endpoint page shows
+    them and lifts them again."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    ledger = {"name": "Ledger entry", "steps": [{"id": "a", "type": "transform", "output": {}}]}
+    flow_id = api.post("/api/v1/flows", json=ledger).json()["flow_id"]
+    sign_in(page, app)
+    page.goto(f"{app.base}/settings/webhooks")
+    page.fill("#url", "http://127.0.0.1:9/ledger")
+    page.check("input[value='flow.completed']")
+    page.fill("#rate_limit", "5")
+    page.check("input[name='fifo']")
+    page.select_option("#flow_ids", flow_id)
+    assert "Ledger entry" in page.inner_text("#flow_ids")
+    shot(page, "27-add-paced-endpoint")
+    page.click("text=Add endpoint")
+    page.wait_for_url(re.compile(r"/settings/webhooks/ep_"))
+    endpoint_id = page.url.rsplit("/", 1)[-1].split("?")[0]
+    record = api.get(f"/api/v1/webhooks/endpoints/{endpoint_id}").json()
+    assert (record["rate_limit"], record["ordering"]) == (5, "fifo")
+    assert record["filter"] == {"flow_ids": [flow_id]}
+    assert page.input_value("#rate_limit") == "5"
+    assert page.is_checked("input[name='fifo']")
+    shot(page, "28-paced-endpoint")
+    page.goto(f"{app.base}/settings/webhooks")
+    summary = page.inner_text(".controls-summary")
+    assert summary == "at most 5 a second · one at a time, in order · only Ledger entry", summary
+    page.goto(f"{app.base}/settings/webhooks/{endpoint_id}?created=1")
+    page.fill("#rate_limit", "")
+    page.uncheck("input[name='fifo']")
+    page.click("text=Save")
+    page.wait_for_load_state()
+    shot(page, "29-paced-endpoint-saved")
+    assert "Saved." in page.inner_text("main"), page.inner_text("main")
+    assert "whsec_" not in page.inner_text("main")  # a save shows the secret no more
+    record = api.get(f"/api/v1/webhooks/endpoints/{endpoint_id}").json()
+    assert (record["rate_limit"], record["ordering"]) == (None, None)
+    assert record["filter"] == {"flow_ids": [flow_id]}  # still chosen in the list
     api.close()

@@ -130,6 +130,12 @@ def test_every_remote_command(tmp_path: Path) -> None:
         )
         assert endpoint["secret"].startswith("whsec_")
         assert "127.0.0.1:9" in ok(server, "endpoints", "list")
+        paced = js(
+            server, "endpoints", "add", "http://127.0.0.1:9/ledger", "--events",
+            "flow.completed", "--rate-limit", "5", "--fifo", "--flow", flow_id,
+        )  # fmt: skip
+        assert (paced["rate_limit"], paced["ordering"]) == (5, "fifo")
+        assert paced["filter"] == {"flow_ids": [flow_id]}
         ok(server, "runs", "start", flow_id, "--payload", '{"name": "Eve"}', "--wait")
         for _ in range(100):
             failed_deliveries = js(server, "deliveries", "list", "--failed")

@@ -5,6 +5,8 @@ processes.
   executing at any moment, across the three workers (each run's step records its wall-clock
   span; the spans of one key never overlap more than twice); and a throttle of 5 starts a
   second holds in total across them.
+- An endpoint's `rate_limit` (10 a second) holds in total across the three workers'
+  dispatchers: no second of arrivals at the receiver holds more than ten.
 - kill -9 of the worker holding a key's slot: the slot comes back when the run's lease ends
   (another worker takes the run and finishes it), and the runs held behind it go on.
 """
@@ -12,11 +14,13 @@ processes.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections import defaultdict
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -143,3 +147,58 @@ def test_kill_9_of_a_worker_holding_slots_gives_them_back_when_its_leases_end(
         # ran one after the other, both after the kill
         assert peak_overlap(spans) == 1
         assert all(begun >= killed_at - 0.1 for begun, _ in spans)
+
+
+class Arrivals(BaseHTTPRequestHandler):
+    at: ClassVar[list[float]] = []
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with Arrivals.lock:
+            Arrivals.at.append(time.monotonic())
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_endpoint_rate_limit_holds_in_total_across_three_workers(
+    tmp_path: Path, pg_url: str
+) -> None:
+    from tests.conftest import _truncate_all
+
+    _truncate_all(pg_url)
+    env = _env(FLOWHOOK_ALLOW_PRIVATE_TARGETS="true")
+    key = api_key(pg_url)
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Arrivals)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    Arrivals.at.clear()
+    try:
+        with (
+            serve(tmp_path, pg_url, "api", **env) as api,
+            worker(tmp_path, pg_url, **env),
+            worker(tmp_path, pg_url, **env),
+            worker(tmp_path, pg_url, **env),
+            httpx.Client(
+                base_url=api.base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+            ) as c,
+        ):
+            url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+            r = c.post(
+                "/api/v1/webhooks/endpoints",
+                json={"url": url, "events": ["flow.completed"], "rate_limit": 10},
+            )
+            assert r.status_code == 201, r.text  # fmt: skip
+            flow_id = c.post("/api/v1/flows", json=_span_flow("quick", 0.0)).json()["flow_id"]
+            for _ in range(40):
+                c.post("/api/v1/flows/execute", json={"flow_id": flow_id})
+            wait_for(lambda: True if len(Arrivals.at) >= 40 else None, timeout=60)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    times = sorted(Arrivals.at)
+    assert len(times) == 40
+    for i in range(10, len(times)):  # ten a second at most, whichever process sent them
+        assert times[i] - times[i - 10] >= 1.0 - 0.05, times

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query
@@ -19,12 +19,26 @@ router = APIRouter(tags=["webhooks"])
 _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 
 
+class EndpointFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flow_ids: list[str] = Field(
+        max_length=100, description="Only events of these flows (wf_…) reach the endpoint."
+    )
+
+
+_RATE = "At most this many deliveries a second, across every process (null: no limit)."
+_ORDERING = "`fifo`: one delivery in flight, in event order; a failing one holds the rest."
+
+
 class EndpointCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str = Field(max_length=2048, description="Where to POST events (https:// for live keys).")
     events: list[str] = Field(description="Event names to send, from SPEC §6 (and flow.cancelled).")
     description: str = Field(default="", max_length=1000)
     enabled: bool = True
+    rate_limit: float | None = Field(default=None, gt=0, le=10000, description=_RATE)
+    ordering: Literal["fifo"] | None = Field(default=None, description=_ORDERING)
+    filter: EndpointFilter | None = None
 
 
 class EndpointPatch(BaseModel):
@@ -33,6 +47,9 @@ class EndpointPatch(BaseModel):
     events: list[str] | None = None
     description: str | None = Field(default=None, max_length=1000)
     enabled: bool | None = None
+    rate_limit: float | None = Field(default=None, gt=0, le=10000, description=_RATE)
+    ordering: Literal["fifo"] | None = Field(default=None, description=_ORDERING)
+    filter: EndpointFilter | None = Field(default=None, description="null: every flow.")
 
 
 class RotateRequest(BaseModel):
@@ -63,6 +80,9 @@ def endpoint_record(ep: Endpoint, *, with_secret: bool = False) -> dict[str, Any
         "enabled": ep.enabled,
         "disabled_reason": ep.disabled_reason,
         "failing_since": ts(ep.failing_since),
+        "rate_limit": ep.rate_limit,
+        "ordering": ep.ordering,
+        "filter": None if ep.filter_flow_ids is None else {"flow_ids": ep.filter_flow_ids},
         "created_at": ts(ep.created_at),
         "updated_at": ts(ep.updated_at),
     }
@@ -104,7 +124,9 @@ def event_record(e: Event) -> dict[str, Any]:
     "/webhooks/endpoints", status_code=201, summary="Register an endpoint", responses=_ERRORS
 )
 async def create_endpoint(body: EndpointCreate, services: ServicesDep, who: CallerDep) -> Response:
-    ep = await services.webhooks.create_endpoint(who, **dict(body))  # fields = its keywords
+    fields = dict(body)  # fields = its keywords
+    fields["filter"] = None if body.filter is None else body.filter.flow_ids
+    ep = await services.webhooks.create_endpoint(who, **fields)
     return ORJSONResponse(endpoint_record(ep, with_secret=True), status_code=201)
 
 

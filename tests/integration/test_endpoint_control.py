@@ -1,0 +1,170 @@
+"""Flow control of webhook deliveries on both backends: an endpoint's `filter.flow_ids`,
+`ordering: "fifo"` (one in flight, in event order, a failing one holding the rest through
+its retries) and `rate_limit` (deliveries a second), with their validation and the PATCH
+that lifts FIFO."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from sqlalchemy import select, update
+
+from flowhook.events import make_event
+from flowhook.ids import new_id
+from flowhook.store import events as events_store
+from flowhook.store import webhooks as webhooks_store
+from flowhook.store.db import Database
+from flowhook.store.models import Delivery, Mode
+from flowhook.store.tables import deliveries
+from tests.conftest import Api, Receiver
+from tests.integration.test_webhooks import FLOW, until
+
+
+async def make_endpoint(api: Api, url: str, **extra: Any) -> dict[str, Any]:
+    body = {"url": url, "events": ["flow.completed"], **extra}
+    r = await api.post("/api/v1/webhooks/endpoints", body)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+async def run_all(api: Api, flow_id: str, n: int) -> list[str]:
+    ids = [await api.execute(flow_id, {"order_id": i}) for i in range(n)]
+    for run_id in ids:
+        assert (await api.wait(run_id))["status"] == "completed"
+    return ids
+
+
+def delivered_orders(receiver: Receiver) -> list[int]:
+    return [orjson.loads(r["body"])["payload"]["order_id"] for r in receiver.of("flow.completed")]
+
+
+async def test_a_filter_sends_only_the_events_of_its_flows(api: Api, receiver: Receiver) -> None:
+    wanted = await api.create_flow({**FLOW, "name": "wanted"})
+    other = await api.create_flow({**FLOW, "name": "other"})
+    ep = await make_endpoint(api, receiver.url, filter={"flow_ids": [wanted]})
+    assert ep["filter"] == {"flow_ids": [wanted]}
+    await run_all(api, wanted, 2)
+    await run_all(api, other, 2)
+    await until(lambda: len(receiver.of("flow.completed")) >= 2)
+    await asyncio.sleep(0.3)
+    bodies = [orjson.loads(r["body"]) for r in receiver.of("flow.completed")]
+    assert len(bodies) == 2 and {b["flow_id"] for b in bodies} == {wanted}
+    r = await api.client.patch(
+        f"/api/v1/webhooks/endpoints/{ep['id']}", json={"filter": None}, headers=api.auth()
+    )
+    assert r.status_code == 200 and r.json()["filter"] is None, r.text
+    await run_all(api, other, 1)
+    await until(lambda: len(receiver.of("flow.completed")) == 3)
+
+
+async def test_fifo_sends_one_at_a_time_in_event_order_through_retries(
+    api: Api, receiver: Receiver
+) -> None:
+    in_flight = peak = 0
+    original = receiver.handle
+
+    async def counting(request: Any) -> Any:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await original(request)
+        finally:
+            in_flight -= 1
+
+    receiver.handle = counting  # type: ignore[method-assign]
+    receiver.delay = 0.02
+    receiver.script = [(500, {}), (503, {})]  # the first delivery fails twice, then goes
+    ep = await make_endpoint(api, receiver.url, ordering="fifo")
+    assert ep["ordering"] == "fifo"
+    flow_id = await api.create_flow(FLOW)
+    await run_all(api, flow_id, 6)
+    await until(lambda: len(receiver.of("flow.completed")) >= 8, timeout=20)
+    assert delivered_orders(receiver) == [0, 0, 0, 1, 2, 3, 4, 5]  # retries hold the rest
+    assert peak == 1
+
+
+async def test_lifting_fifo_lets_the_held_deliveries_go(api: Api, receiver: Receiver) -> None:
+    receiver.default = (500, {})  # every attempt fails: the first holds the others
+    ep = await make_endpoint(api, receiver.url, ordering="fifo")
+    flow_id = await api.create_flow(FLOW)
+    await run_all(api, flow_id, 3)
+    await until(lambda: len(receiver.of("flow.completed")) >= 1)
+    await asyncio.sleep(0.3)
+    assert set(delivered_orders(receiver)) == {0}
+    r = await api.client.patch(
+        f"/api/v1/webhooks/endpoints/{ep['id']}", json={"ordering": None}, headers=api.auth()
+    )
+    assert r.status_code == 200 and r.json()["ordering"] is None, r.text
+    await until(lambda: {1, 2} <= set(delivered_orders(receiver)))
+
+
+async def test_a_rate_limit_spreads_deliveries(api: Api, receiver: Receiver) -> None:
+    await make_endpoint(api, receiver.url, rate_limit=10)
+    flow_id = await api.create_flow(FLOW)
+    ids = await asyncio.gather(*(api.execute(flow_id, {"order_id": i}) for i in range(15)))
+    for run_id in ids:
+        assert (await api.wait(run_id))["status"] == "completed"
+    await until(lambda: len(receiver.of("flow.completed")) == 15, timeout=20)
+    times = sorted(r["at"] for r in receiver.of("flow.completed"))
+    for i in range(10, len(times)):  # no second holds more than ten, across the burst
+        assert times[i] - times[i - 10] >= 1.0 - 0.05, times
+
+
+async def test_bad_controls_answer_400_naming_the_field(api: Api, receiver: Receiver) -> None:
+    for extra, field in [
+        ({"rate_limit": 0}, "rate_limit"),
+        ({"ordering": "lifo"}, "ordering"),
+        ({"filter": {"flow_ids": ["nope"]}}, "filter.flow_ids"),
+        ({"filter": {}}, "filter"),
+    ]:
+        body = {"url": receiver.url, "events": ["flow.completed"], **extra}
+        r = await api.post("/api/v1/webhooks/endpoints", body)
+        assert r.status_code == 400, (extra, r.text)
+        assert field in r.json()["error"], (extra, r.text)
+
+
+async def _statuses(db: Database, ids: list[str]) -> list[tuple[str, bool]]:
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(
+                select(deliveries.c.id, deliveries.c.status, deliveries.c.due_at).where(
+                    deliveries.c.id.in_(ids)
+                )
+            )
+        ).all()
+    by_id = {r.id: (r.status, r.due_at.replace(tzinfo=UTC) == webhooks_store.HELD) for r in rows}
+    return [by_id[i] for i in ids]
+
+
+async def test_fifo_holds_all_but_one_and_releases_in_event_order(db: Database) -> None:
+    """Queued together, one delivery is due and the rest held; while any is due (an endpoint
+    made FIFO with several in hand) nothing more is released; then the oldest held goes."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    events = [
+        make_event("flow.completed", workspace_id="ws_a", mode=Mode.TEST, flow_id="wf_x",
+                   run_id=None, payload={"n": i}, now=now + timedelta(seconds=i))
+        for i in range(4)
+    ]  # fmt: skip
+    queued = [Delivery.queued(new_id("dlv"), e, "ep_f") for e in events]
+    ids = [d.id for d in queued]
+    async with db.transaction() as conn:
+        await events_store.insert_events(conn, events)
+        await webhooks_store.insert_deliveries(conn, queued, fifo=["ep_f"])
+    assert await _statuses(db, ids) == [("pending", False)] + [("pending", True)] * 3
+    async with db.transaction() as conn:  # as if a second were in hand when FIFO was set
+        await conn.execute(update(deliveries).where(deliveries.c.id == ids[1]).values(due_at=now))
+        assert await webhooks_store.release_next(conn, "ep_f", now) is None
+        await conn.execute(
+            update(deliveries).where(deliveries.c.id == ids[0]).values(status="delivered")
+        )
+        assert await webhooks_store.release_next(conn, "ep_f", now) is None  # ids[1] is due
+        await conn.execute(
+            update(deliveries).where(deliveries.c.id == ids[1]).values(status="delivered")
+        )
+        assert await webhooks_store.release_next(conn, "ep_f", now) == ids[2]
+        assert await webhooks_store.release_next(conn, "ep_f", now) is None
+    assert (await _statuses(db, ids))[2:] == [("pending", False), ("pending", True)]
