@@ -8,7 +8,8 @@ ASGI transport: a flow whose first step waits for ``order.paid`` matching the ru
 ``batch`` (100 runs per batch), then completes. It prints how long the runs took to reach
 their ``wait``; the process's CPU while they all wait (the engine should be idle: a waiting
 run holds no worker and nothing polls it); the signal's answer time (``matched`` must be
-100) and how long until those 100 runs completed; and that the other runs still wait.
+100) and how long until those 100 runs completed; and that the other runs still wait. It
+exits 1 when the signal resumed other than the 100 runs of its batch.
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ def main() -> None:
             f"{r['still_waiting']:,.0f} still waiting",
             flush=True,
         )
+        wanted = min(PER_BATCH, args.runs)
+        if r["matched"] != wanted or r["still_waiting"] != args.runs - wanted:
+            sys.exit(f"{backend}: the signal resumed {r['matched']:.0f} runs, not {wanted}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flowhook.client import APIError, Client, FlowhookClientError, Run, RunAccepted
@@ -176,6 +177,9 @@ def _waiting_for(step: dict[str, Any]) -> str:
         return f" [yellow]for signal {output.get('signal')}{f' ({match})' if match else ''}{until}[/yellow]"
     if step["type"] == "flow":
         return f" [yellow]for child run {output.get('run_id')}{until}[/yellow]"
+    if step["type"] == "approval":
+        message = escape(str(output.get("message") or "a decision"))
+        return f" [yellow]for approval: {message}{until}[/yellow]"
     return f" [yellow]{until.strip()}[/yellow]" if until else ""
 
 

@@ -66,7 +66,7 @@ async def whoami(ctx: flowhook.StepContext) -> dict[str, Any]:
 @flowhook.step("span")
 async def span(ctx: flowhook.StepContext) -> dict[str, Any]:
     """Wall-clock begin and end of a nap of ``input`` seconds (comparable across processes),
-    with the run's payload key ``k``."""
+    with the run's payload key ``k`` and the process that ran it."""
     begun = time.time()
     await asyncio.sleep(float(ctx.input or 0))
-    return {"begun": begun, "ended": time.time(), "k": ctx.payload.get("k")}
+    return {"begun": begun, "ended": time.time(), "k": ctx.payload.get("k"), "pid": os.getpid()}

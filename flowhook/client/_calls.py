@@ -49,11 +49,11 @@ def rerun(
 
 
 def send_signal(name: str, data: dict[str, Any] | None, id: str | None, run_id: str | None) -> Call:
-    if run_id is not None:
-        return Call("POST", f"/flows/runs/{run_id}/signal", json={"name": name, "data": data or {}})
     body: dict[str, Any] = {"name": name, "data": data or {}}
     if id is not None:
         body["id"] = id
+    if run_id is not None:
+        return Call("POST", f"/flows/runs/{run_id}/signal", json=body)
     return Call("POST", "/signals", json=body)
 
 

@@ -510,20 +510,29 @@ class Executor:
                 if waiting:  # room left (the limit was raised): held runs take it too
                     room = limit - taken - 1
                     await control_store.give_slots(conn, flow_id, key, room, now)  # counted
-            if control.throttle_limit and run.throttle_at is None:
-                key = run.throttle_key or ""
-                await control_store.lock(conn, control_store.THROTTLE, flow_id, key)
-                mine = ("t", flow_id, key)
-                latest = sorted(
-                    [*taking.get(mine, []), *await control_store.reserved_starts(
-                        conn, flow_id, key, control.throttle_limit
-                    )], reverse=True,
-                )[: control.throttle_limit]  # fmt: skip
-                start = throttle_start(latest, control.throttle_limit, control.throttle_period, now)
-                taking.setdefault(mine, []).append(start)
-                values.update(throttle_at=start, throttle_key=key)
-                if start > now:
-                    return await hold(conn, control_store.THROTTLE, until=start)
+            if control.throttle_limit:
+                return await throttled(conn, taking)
+            return True
+
+        async def throttled(conn: AsyncConnection, taking: dict[Any, Any]) -> bool:
+            """Reserve the run's start; or, woken at the start it reserved, start only if
+            fewer than ``limit`` runs of its key really started within the last period (a
+            run that started late must not crowd the next window), else reserve again."""
+            key = run.throttle_key or ""
+            limit, period = control.throttle_limit, control.throttle_period
+            await control_store.lock(conn, control_store.THROTTLE, flow_id, key)
+            mine: list[datetime] = taking.setdefault(("t", flow_id, key), [])
+            if run.throttle_at is None:
+                counted = await control_store.reserved_starts(conn, flow_id, key, limit)
+            else:
+                since = now - timedelta(seconds=period)
+                counted = await control_store.started_within(conn, flow_id, key, since, limit)
+            latest = sorted([*mine, *counted], reverse=True)[:limit]
+            start = throttle_start(latest, limit, period, now)
+            mine.append(start)
+            values.update(throttle_at=start, throttle_key=key)
+            if start > now:
+                return await hold(conn, control_store.THROTTLE, until=start)
             return True
 
         if control.concurrency is not None and run.concurrency_slot is None:

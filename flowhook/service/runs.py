@@ -366,6 +366,7 @@ class RunService:
                 rerun_of=original.run_id,
                 steps=plan.reused,
             )
+            await self._rerun_keys(flow, run)
             await runs_store.insert_runs(
                 conn,
                 [(run, idempotency_key, digest)],
@@ -373,6 +374,18 @@ class RunService:
             )
             await runs_store.insert_steps(conn, run.run_id, plan.reused)
         return Started(run, replayed=False)
+
+    async def _rerun_keys(self, flow: Flow, run: Run) -> None:
+        """A rerun is paced like an execute of its flow version: its priority, concurrency
+        and throttle keys are read from its payload (400 naming the field when they fail).
+        It is not debounced: it is one asked-for run, not a burst to collapse."""
+        control = self._control(flow)
+        if control is None:
+            return
+        keys = await control.keys(run.payload, None)
+        run.priority = keys.priority
+        run.concurrency_key = keys.concurrency_key
+        run.throttle_key = keys.throttle_key
 
     async def _rerun_version(
         self, conn: AsyncConnection, who: Principal, original: Run, version: int | str | None

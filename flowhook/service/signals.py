@@ -107,6 +107,9 @@ class SignalService:
                 if run is None:
                     raise missing("run", run_id)
                 if run.status.terminal:
+                    earlier = await signals_store.sent_before(conn, signal)
+                    if earlier is not None:  # a retry of a signal sent before it ended
+                        return Sent(earlier, 0, duplicate=True)
                     raise Conflict(
                         f"run {run_id!r} has already ended ({run.status}): it waits for nothing",
                         code="run_finished",

@@ -17,7 +17,10 @@ costs its own rows, never a scan of the queue, and never delays another key or f
 **Throttle.** An admitted run reserves its start: at once while fewer than ``limit`` starts
 were reserved for its key within a period, else one period after the ``limit``-th latest
 (:func:`~flowhook.definition.control.throttle_start`). A run whose start is later sleeps
-until then (``held = 'throttle'``), woken once by its due time: no polling.
+until then (``held = 'throttle'``), woken once by its due time: no polling. Woken, it
+starts only if fewer than ``limit`` runs of its key really started within the last period
+(a started run's ``throttle_at`` is its start): a run that started late never lets the next
+window hold more than ``limit`` starts; a run it crowds reserves the next free start.
 
 **Debounce.** An execute of a debounced flow joins the run of its key that has not been
 claimed yet (same ``run_id``; the run takes its payload and starts ``period_seconds`` later,
@@ -52,6 +55,7 @@ __all__ = [
     "free_slot",
     "free_slots",
     "reserved_starts",
+    "started_within",
     "joinable",
     "join",
     "held_counts",
@@ -215,6 +219,27 @@ async def reserved_starts(
             runs.c.flow_id == flow_id,
             runs.c.throttle_key == key,
             text("runs.throttle_at IS NOT NULL"),
+        )
+        .order_by(runs.c.throttle_at.desc())
+        .limit(limit)
+    )
+    return list((await conn.execute(q)).scalars())
+
+
+async def started_within(
+    conn: AsyncConnection, flow_id: str, key: str, since: datetime, limit: int
+) -> list[datetime]:
+    """The latest ``limit`` starts of ``key``'s runs that really started after ``since``,
+    latest first (a run's ``throttle_at`` is its start once it started). Call after
+    :func:`lock`."""
+    q = (
+        select(runs.c.throttle_at)
+        .where(
+            runs.c.flow_id == flow_id,
+            runs.c.throttle_key == key,
+            text("runs.throttle_at IS NOT NULL"),
+            runs.c.throttle_at > since,
+            runs.c.started_at.is_not(None),
         )
         .order_by(runs.c.throttle_at.desc())
         .limit(limit)

@@ -42,6 +42,7 @@ __all__ = [
     "insert_signal",
     "deliver",
     "find_for_wait",
+    "sent_before",
     "register_wait",
     "resolve_wait",
     "taken",
@@ -116,19 +117,27 @@ async def get_signal(conn: AsyncConnection, signal_id: str) -> Signal | None:
     return _signal(row) if row else None
 
 
+async def sent_before(conn: AsyncConnection, signal: Signal) -> Signal | None:
+    """The signal stored earlier under ``signal``'s ``dedup_key`` in its workspace and mode,
+    if one was."""
+    if signal.dedup_key is None:
+        return None
+    q = select(signals).where(
+        signals.c.workspace_id == signal.workspace_id,
+        signals.c.mode == str(signal.mode),
+        signals.c.dedup_key == signal.dedup_key,
+    )
+    row = (await conn.execute(q)).first()
+    return _signal(row) if row is not None else None
+
+
 async def insert_signal(conn: AsyncConnection, signal: Signal) -> Signal | None:
     """Store ``signal``; with a ``dedup_key`` already used in its workspace and mode, store
     nothing and answer the signal stored then (else ``None``). Call after
     :func:`lock_name`."""
-    if signal.dedup_key is not None:
-        q = select(signals).where(
-            signals.c.workspace_id == signal.workspace_id,
-            signals.c.mode == str(signal.mode),
-            signals.c.dedup_key == signal.dedup_key,
-        )
-        row = (await conn.execute(q)).first()
-        if row is not None:
-            return _signal(row)
+    earlier = await sent_before(conn, signal)
+    if earlier is not None:
+        return earlier
     row_values = {
         "id": signal.id, "workspace_id": signal.workspace_id, "mode": str(signal.mode),
         "name": signal.name, "data": signal.data, "run_id": signal.run_id,
@@ -208,13 +217,17 @@ async def wake(conn: AsyncConnection, run_ids: Sequence[str], now: datetime) -> 
         await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
 
 
-async def find_for_wait(
-    conn: AsyncConnection, wait: Wait, since: datetime, *, limit: int = 1000
-) -> Signal | None:
+PAGE = 1000
+"""Signals :func:`find_for_wait` reads at a time."""
+
+
+async def find_for_wait(conn: AsyncConnection, wait: Wait, since: datetime) -> Signal | None:
     """The earliest signal sent since ``since`` (the run was queued) that resolves ``wait``:
     of its name, to its run or a broadcast whose data matches, and not already used by
     another ``wait`` step of the run (the step found again after a crash finds the same
-    one). Call after :func:`lock_name`."""
+    one). Read :data:`PAGE` signals at a time, oldest first, until one matches or none are
+    left: a busy name (a thousand other orders paid meanwhile) never hides the one that
+    matches. Call after :func:`lock_name`."""
     used = select(waits.c.signal_id).where(
         waits.c.run_id == wait.run_id, waits.c.idx != wait.idx, waits.c.signal_id.is_not(None)
     )
@@ -229,16 +242,27 @@ async def find_for_wait(
             signals.c.id.not_in(used),
         )
         .order_by(signals.c.created_at, signals.c.id)
-        .limit(limit)
+        .limit(PAGE)
     )
     keys, digest = match_keys(wait.match), match_digest(wait.match)
-    for row in (await conn.execute(q)).all():
-        if row.run_id is not None:
-            return _signal(row)
-        projected = _projected(row.data, keys)
-        if projected is not None and match_digest(projected) == digest:
-            return _signal(row)
-    return None
+    after = q
+    while True:
+        rows = (await conn.execute(after)).all()
+        for row in rows:
+            if row.run_id is not None:
+                return _signal(row)
+            projected = _projected(row.data, keys)
+            if projected is not None and match_digest(projected) == digest:
+                return _signal(row)
+        if len(rows) < PAGE:
+            return None
+        last = rows[-1]  # the next page: after the last one read, in the same order
+        after = q.where(
+            or_(
+                signals.c.created_at > last.created_at,
+                and_(signals.c.created_at == last.created_at, signals.c.id > last.id),
+            )
+        )
 
 
 async def register_wait(

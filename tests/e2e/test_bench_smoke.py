@@ -41,3 +41,19 @@ def test_the_benchmark_suite_runs_on_both_backends(tmp_path: Path) -> None:
             assert measured[figure] > 0, (backend, figure, measured)
     assert (tmp_path / "latest.png").stat().st_size > 10_000
     assert "accept c64, runs/s" in done.stdout  # the table was printed
+
+
+def test_one_broadcast_resumes_exactly_its_batch_of_waiting_runs() -> None:
+    """bench/signals.py, small: 300 runs wait, one signal resumes its 100 and no other (the
+    bench exits 1 otherwise), on both backends."""
+    backends = "sqlite,postgresql" if PG_URL else "sqlite"
+    command = [sys.executable, str(ROOT / "bench" / "signals.py"), "--runs", "300"]
+    command += ["--backends", backends]
+    if PG_URL:
+        command += ["--postgres-url", PG_URL]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for backend in backends.split(","):
+        assert f"{backend}: 300 runs waiting" in done.stdout, done.stdout
+    assert done.stdout.count("matching 100, all 100 completed") == len(backends.split(","))
+    assert done.stdout.count("200 still waiting") == len(backends.split(","))

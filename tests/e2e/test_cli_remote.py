@@ -101,6 +101,26 @@ def test_every_remote_command(tmp_path: Path) -> None:
         assert "resumed 0 waiting" in out
         refused = cli(server, "signals", "send", "order.paid", "--data", "[1]")
         assert refused.returncode == 2 and "JSON object" in refused.stderr
+        asks = tmp_path / "asks.json"
+        asks.write_text(
+            json.dumps(
+                {
+                    "name": "Asks",
+                    "steps": [
+                        {"id": "paid", "type": "wait", "signal": "order.paid",
+                         "timeout_seconds": 3, "on_timeout": "continue"},
+                        {"id": "ok", "type": "approval", "message": "Ship order {{ payload.n }}?",
+                         "timeout_seconds": 3, "on_timeout": "approve"},
+                    ],
+                }
+            )
+        )  # fmt: skip
+        asks_id = js(server, "flows", "apply", "-f", str(asks))["flow_id"]
+        out = ok(server, "runs", "start", asks_id, "--payload", '{"n": 7}', "--wait")
+        # --wait polls every 2 s: each 3 s wait is seen waiting, with what for and until when
+        assert "for signal order.paid until 20" in out, out
+        assert "for approval: Ship order 7? until 20" in out, out
+        assert "completed" in out
         again = js(server, "runs", "rerun", first, "--payload", '{"name": "Cy"}', "--wait")
         assert (again["rerun_of"], again["output"]) == (first, {"text": "hi Cy"})
         out = ok(server, "runs", "rerun", first, "--version", "latest")

@@ -102,6 +102,53 @@ def test_per_key_concurrency_and_a_throttle_hold_across_three_workers(
     assert starts[-1] - starts[0] >= 2.0 - 0.002
 
 
+def test_per_key_concurrency_and_a_throttle_hold_between_two_serve_processes_on_sqlite(
+    tmp_path: Path,
+) -> None:
+    """Two `flowhook serve` on one SQLite file, executes sent to both: the limits hold in
+    total (SQLite's single writer serialises their admissions)."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = _env()
+    with serve(tmp_path, url, **env) as first:
+        key = first.value("sandbox key")
+        with (
+            serve(tmp_path, url, **env) as second,
+            httpx.Client(base_url=first.base, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30) as a,
+            httpx.Client(base_url=second.base, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30) as b,
+        ):  # fmt: skip
+            keyed = a.post("/api/v1/flows", json=_span_flow(
+                "per key", 0.02, concurrency={"limit": 2, "key": "{{ payload.k }}"}
+            )).json()["flow_id"]  # fmt: skip
+            paced = a.post("/api/v1/flows", json=_span_flow(
+                "paced", 0.0, throttle={"limit": 5, "period_seconds": 1}
+            )).json()["flow_id"]  # fmt: skip
+            ids = [
+                (a if i % 2 else b).post("/api/v1/flows/execute", json={
+                    "flow_id": keyed, "payload": {"k": f"cus_{i % 5}"}}).json()["run_id"]
+                for i in range(100)
+            ]  # fmt: skip
+            paced_ids = [
+                (a if i % 2 else b).post("/api/v1/flows/execute", json={"flow_id": paced})
+                .json()["run_id"]
+                for i in range(12)
+            ]  # fmt: skip
+            runs = wait_for(lambda: _all_completed(a, ids), timeout=120)
+            paced_runs = wait_for(lambda: _all_completed(a, paced_ids), timeout=60)
+    by_key: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    pids = set()
+    for run in runs:
+        out = run["steps"][0]["output"]
+        by_key[out["k"]].append((out["begun"], out["ended"]))
+        pids.add(out.get("pid"))
+    assert len(by_key) == 5 and len(pids) == 2  # both processes ran runs
+    assert max(peak_overlap(spans) for spans in by_key.values()) <= 2
+    starts = sorted(datetime.fromisoformat(r["started_at"]).timestamp() for r in paced_runs)
+    for i in range(5, len(starts)):
+        assert starts[i] - starts[i - 5] >= 1.0 - 0.05, starts
+
+
 def test_kill_9_of_a_worker_holding_slots_gives_them_back_when_its_leases_end(
     tmp_path: Path, pg_url: str
 ) -> None:

@@ -4,10 +4,11 @@ the API with a key, by timeout; a second decision; ``on_reject`` and ``on_timeou
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.conftest import Api
+from tests.conftest import Api, Receiver
 
 
 def refund_flow(**approval: Any) -> dict[str, Any]:
@@ -41,7 +42,9 @@ def path(url: str) -> str:
 
 
 async def test_approved_with_a_key_and_a_second_decision_is_refused(api: Api) -> None:
-    flow_id = await api.create_flow(refund_flow(timeout_seconds=3600))
+    flow = refund_flow(timeout_seconds=3600)
+    flow["steps"].insert(1, {"id": "settle", "type": "delay", "seconds": 1})  # still going
+    flow_id = await api.create_flow(flow)
     run_id = await api.execute(flow_id, {"amount": 40, "customer": "Ada"})
     request = await asked(api, run_id)
     assert request["step_id"] == "manager"
@@ -49,7 +52,7 @@ async def test_approved_with_a_key_and_a_second_decision_is_refused(api: Api) ->
     assert request["approve_url"].startswith("http://127.0.0.1:8080/approvals/")
     assert request["reject_url"] != request["approve_url"] and request["expires_at"].endswith("Z")
     run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
-    [step] = run["steps"]
+    [step] = [s for s in run["steps"] if s["id"] == "manager"]
     assert step["status"] == "waiting" and step["output"]["message"] == "Refund 40 EUR to Ada?"
     assert "approve_url" not in step["output"]  # the links live only in the event
 
@@ -61,7 +64,7 @@ async def test_approved_with_a_key_and_a_second_decision_is_refused(api: Api) ->
     assert decision["approved"] is True and decision["comment"] == "fine by me"
     assert decision["decided_by"].startswith("key key_")
     again = await api.post(f"/api/v1/flows/runs/{run_id}/steps/manager/reject")
-    assert again.status_code == 409 and again.json()["code"] in ("already_decided", "run_finished")
+    assert again.status_code == 409 and again.json()["code"] == "already_decided", again.text
     link = await api.client.post(path(request["reject_url"]))
     assert link.status_code == 409  # the links are dead too
     done = await api.wait(run_id)
@@ -133,6 +136,59 @@ async def test_timeouts_fail_approve_or_reject(api: Api) -> None:
     )
     done = await api.wait(await api.execute(rejecting, {"amount": 1, "customer": "F"}))
     assert done["status"] == "completed" and done["output"]["decision"]["approved"] is False
+
+
+async def test_an_expired_request_is_refused_before_the_run_wakes(api: Api) -> None:
+    """Past its expiry a request takes no decision, by link or by key, even while the run
+    has not yet woken up to time it out."""
+    from sqlalchemy import update
+
+    from flowhook.store.tables import approvals
+
+    flow_id = await api.create_flow(refund_flow(timeout_seconds=3600))
+    run_id = await api.execute(flow_id, {"amount": 2, "customer": "H"})
+    request = await asked(api, run_id)
+    async with api.app.state.services.db.transaction() as conn:
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        await conn.execute(
+            update(approvals).where(approvals.c.run_id == run_id).values(expires_at=past)
+        )
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/steps/manager/approve")
+    assert r.status_code == 409 and r.json()["code"] == "expired", r.text
+    link = await api.client.post(path(request["approve_url"]))
+    assert link.status_code == 409
+    run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+    assert run["status"] == "running"  # nothing was decided: the run still waits
+    await api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+
+
+async def test_the_request_reaches_an_endpoint_and_its_link_decides(
+    api: Api, receiver: Receiver
+) -> None:
+    """The README's refund: a manager's endpoint receives ``flow.approval_requested`` with
+    the links, and a POST to the approve link lets the run go on."""
+    import orjson
+
+    r = await api.post(
+        "/api/v1/webhooks/endpoints",
+        {"url": receiver.url, "events": ["flow.approval_requested"]},
+    )
+    assert r.status_code == 201, r.text
+    flow_id = await api.create_flow(refund_flow(timeout_seconds=3600))
+    run_id = await api.execute(flow_id, {"amount": 90, "customer": "Ida"})
+    async with asyncio.timeout(10):
+        while not receiver.of("flow.approval_requested"):
+            await asyncio.sleep(0.02)
+    [delivery] = receiver.of("flow.approval_requested")
+    event = orjson.loads(delivery["body"])
+    assert event["run_id"] == run_id
+    payload = event["payload"]
+    assert set(payload) >= {"step_id", "message", "approve_url", "reject_url", "expires_at"}
+    assert payload["message"] == "Refund 90 EUR to Ida?"
+    decided = await api.client.post(path(payload["approve_url"]))
+    assert decided.status_code == 200, decided.text
+    done = await api.wait(run_id)
+    assert done["status"] == "completed" and done["output"]["decision"]["approved"] is True
 
 
 async def test_refusals(api: Api) -> None:

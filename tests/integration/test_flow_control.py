@@ -174,6 +174,30 @@ async def test_throttle_spreads_starts_and_drops_none(api: Api) -> None:
     assert datetime.fromisoformat(other_run["started_at"]).timestamp() - starts[0] < 0.5
 
 
+async def test_concurrency_and_throttle_on_one_flow_both_hold(api: Api) -> None:
+    """Combined: one at a time per customer, and at most two starts a half second per
+    customer; another customer is held behind neither."""
+    per_customer = "{{ payload.k }}"
+    flow_id = await api.create_flow(
+        span_flow(
+            0.05,
+            concurrency={"limit": 1, "key": per_customer},
+            throttle={"limit": 2, "period_seconds": 0.5, "key": per_customer},
+        )
+    )
+    ids = await execute_all(api, flow_id, [{"k": "cus_1"} for _ in range(6)])
+    other = await api.execute(flow_id, {"k": "cus_2"})
+    runs = [await api.wait(run_id, timeout=30) for run_id in ids]
+    assert all(r["status"] == "completed" for r in runs), runs
+    spans = [(r["steps"][0]["output"]["begun"], r["steps"][0]["output"]["ended"]) for r in runs]
+    assert peak_overlap(spans) == 1
+    starts = sorted(datetime.fromisoformat(r["started_at"]).timestamp() for r in runs)
+    for i in range(2, len(starts)):
+        assert starts[i] - starts[i - 2] >= 0.5 - 0.05, starts
+    other_run = await api.wait(other, timeout=5)
+    assert datetime.fromisoformat(other_run["started_at"]).timestamp() - starts[0] < 0.5
+
+
 async def test_debounce_collapses_a_burst_into_one_run_with_the_last_payload(api: Api) -> None:
     flow_id = await api.create_flow(
         span_flow(0.0, debounce={"period_seconds": 0.4, "key": "{{ payload.k }}"})

@@ -174,3 +174,39 @@ async def test_idempotency_key_gives_the_same_rerun(api: Api, receiver: Receiver
     assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
     await api.wait(first.json()["run_id"])
     assert paths(receiver).count("/ship") == 2
+
+
+async def test_a_rerun_is_paced_like_an_execute_of_its_flow(api: Api) -> None:
+    """A rerun of a keyed flow takes its key and priority from its payload: it waits for
+    the slot of its customer that another run holds, instead of slipping past the limit."""
+    import asyncio
+
+    flow_id = await api.create_flow(
+        {
+            "name": "sync",
+            "concurrency": {"limit": 1, "key": "{{ payload.customer }}"},
+            "priority": 7,
+            "steps": [{"id": "sync", "type": "delay", "seconds": 0.6}],
+        }
+    )
+    first = await api.execute(flow_id, {"customer": "cus_1"})
+    assert (await api.wait(first))["status"] == "completed"
+    busy = await api.execute(flow_id, {"customer": "cus_1"})
+    r = await rerun(api, first)
+    assert r.status_code == 202, r.text
+    again = r.json()["run_id"]
+    async with asyncio.timeout(10):
+        while True:
+            record = (await api.get(f"/api/v1/flows/runs/{again}")).json()
+            if record["waiting_for"] or record["status"] != "queued":
+                break
+            await asyncio.sleep(0.02)
+    assert record["priority"] == 7
+    assert record["waiting_for"] is not None, record
+    assert (record["waiting_for"]["reason"], record["waiting_for"]["key"]) == (
+        "concurrency",
+        "cus_1",
+    )
+    held_behind, done = await api.wait(busy), await api.wait(again)
+    assert done["status"] == "completed"
+    assert done["started_at"] >= held_behind["finished_at"]

@@ -53,8 +53,10 @@ async def test_async_client_sends_signals(api: Api) -> None:
                 break
             await asyncio.sleep(0.02)
         assert (await client.send_signal("go", {"k": 2}, id="a"))["matched"] == 0
-        sent = await client.send_signal("go", run_id=accepted.run_id)
+        sent = await client.send_signal("go", run_id=accepted.run_id, id="psp-1")
         assert sent["matched"] == 1 and sent["run_id"] == accepted.run_id
+        again = await client.send_signal("go", run_id=accepted.run_id, id="psp-1")
+        assert (again["id"], again["matched"]) == (sent["id"], 0)  # the id is kept
         done = await client.wait(accepted.run_id, interval=0.02, max_attempts=200)
         assert done.status == "completed" and done.steps[0]["output"]["id"] == sent["id"]
 

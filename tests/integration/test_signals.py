@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -123,6 +124,68 @@ async def test_a_signal_sent_before_the_run_reaches_its_wait_still_counts(api: A
     assert done["status"] == "completed" and done["output"]["paid"]["id"] == sent["id"]
     timed_out = await api.wait(late)  # the stale signal was not taken: its wait timed out
     assert timed_out["status"] == "completed" and timed_out["output"]["paid"] is None
+
+
+async def test_a_matching_signal_behind_many_others_of_its_name_is_found(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More signals of the name than one read takes (other orders paid while this run was
+    in an earlier step): the run still finds its own, on a later page."""
+    from flowhook.store import signals as signals_store
+
+    monkeypatch.setattr(signals_store, "PAGE", 2)
+    flow = order_flow(timeout_seconds=5)
+    flow["steps"].insert(0, {"id": "slow", "type": "delay", "seconds": 0.5})
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {"order_id": "o7"})
+    for n in range(5):  # two and a half pages of other orders, then this one's
+        assert (await signal(api, "order.paid", {"order_id": f"other-{n}"}))["matched"] == 0
+    mine = await signal(api, "order.paid", {"order_id": "o7"})
+    done = await api.wait(run_id)
+    assert done["status"] == "completed", done
+    assert done["output"]["paid"]["id"] == mine["id"]
+
+
+async def test_a_signal_to_one_run_before_it_reaches_its_wait_is_kept_for_it(api: Api) -> None:
+    """A targeted signal waits for its run's ``wait`` step, whatever its data."""
+    flow = order_flow(timeout_seconds=5)
+    flow["steps"].insert(0, {"id": "slow", "type": "delay", "seconds": 0.4})
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {"order_id": "o8"})
+    r = await api.post(
+        f"/api/v1/flows/runs/{run_id}/signal", {"name": "order.paid", "data": {"psp": "x"}}
+    )
+    assert r.status_code == 202 and r.json()["matched"] == 0, r.text
+    done = await api.wait(run_id)
+    assert done["status"] == "completed", done
+    assert done["output"]["paid"]["id"] == r.json()["id"]
+    assert done["output"]["paid"]["data"] == {"psp": "x"}
+
+
+async def test_a_waiting_run_holds_no_worker_and_is_not_claimed_again(api: Api) -> None:
+    """While it waits the run has no lease, falls due only when its time is up (the wait's
+    hour or, earlier, the flow's 600 s), and no claim takes it meanwhile (nothing polls it)."""
+    from flowhook.store.tables import runs
+
+    flow_id = await api.create_flow(order_flow(timeout_seconds=3600))
+    run_id = await api.execute(flow_id, {"order_id": "o5"})
+    await waiting(api, run_id)
+    db: Database = api.app.state.services.db
+
+    async def row() -> Any:
+        async with db.read() as conn:
+            q = select(runs.c.lease_owner, runs.c.claims, runs.c.due_at)
+            return (await conn.execute(q.where(runs.c.run_id == run_id))).one()
+
+    before = await row()
+    await asyncio.sleep(0.5)
+    after = await row()
+    assert before.lease_owner is None and after.lease_owner is None
+    assert after.claims == before.claims  # not claimed again while it waits
+    due = after.due_at if after.due_at.tzinfo else after.due_at.replace(tzinfo=UTC)
+    assert due > datetime.now(UTC) + timedelta(minutes=9)  # when the flow's 600 s are up
+    assert (await signal(api, "order.paid", {"order_id": "o5"}))["matched"] == 1
+    assert (await api.wait(run_id))["status"] == "completed"
 
 
 async def test_the_same_signal_id_twice_is_one_signal(api: Api) -> None:

@@ -23,3 +23,17 @@ def test_what_is_stored_is_the_sha256_not_the_secret() -> None:
     assert token not in stored and len(stored) == 64
     assert token_hash(token) == stored  # the same link finds the same request
     assert token_hash(new_token()) != stored
+
+
+def test_a_request_expires_at_its_expiry_and_one_without_never_does() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from flowhook.store.approvals import Approval
+    from flowhook.store.models import Mode
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    request = Approval("run_x", 0, "ws", Mode.TEST, "manager", "ok?", at, expires_at=at)
+    assert not request.expired(at - timedelta(microseconds=1))
+    assert request.expired(at) and request.expired(at + timedelta(days=1))
+    forever = Approval("run_x", 0, "ws", Mode.TEST, "manager", "ok?", at)
+    assert not forever.expired(at + timedelta(days=10_000))

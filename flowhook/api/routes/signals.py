@@ -44,6 +44,12 @@ class RunSignalRequest(BaseModel):
 
     name: str = Field(min_length=1, max_length=MAX_NAME, examples=["order.paid"])
     data: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID,
+        description="Your id for this signal: the same id again is the same signal.",
+    )
 
 
 class SignalAccepted(BaseModel):
@@ -90,4 +96,6 @@ async def send_signal(body: SignalRequest, services: ServicesDep, who: CallerDep
 async def signal_run(
     run_id: str, body: RunSignalRequest, services: ServicesDep, who: CallerDep
 ) -> Response:
-    return _accepted(await services.signals.send(who, body.name, body.data, run_id=run_id))
+    return _accepted(
+        await services.signals.send(who, body.name, body.data, dedup_key=body.id, run_id=run_id)
+    )

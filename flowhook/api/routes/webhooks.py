@@ -33,7 +33,10 @@ _ORDERING = "`fifo`: one delivery in flight, in event order; a failing one holds
 class EndpointCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str = Field(max_length=2048, description="Where to POST events (https:// for live keys).")
-    events: list[str] = Field(description="Event names to send, from SPEC §6 (and flow.cancelled).")
+    events: list[str] = Field(
+        description="Event names to send: those of SPEC §6, plus flow.cancelled and "
+        "flow.approval_requested."
+    )
     description: str = Field(default="", max_length=1000)
     enabled: bool = True
     rate_limit: float | None = Field(default=None, gt=0, le=10000, description=_RATE)
