@@ -247,5 +247,11 @@ def test_an_endpoint_rate_limit_holds_in_total_across_three_workers(
         receiver.server_close()
     times = sorted(Arrivals.at)
     assert len(times) == 40
-    for i in range(10, len(times)):  # ten a second at most, whichever process sent them
-        assert times[i] - times[i - 10] >= 1.0 - 0.05, times
+    # The endpoint's slots are 0.1 s apart and no delivery goes before its slot; one may go
+    # late (its process busy: three workers and the API share two cores here), which brings
+    # it closer to the next by that much. So eleven arrivals span at least 1 s less the
+    # latest a busy process sent one, and forty span at least 3.9 s less that.
+    late = 0.2
+    for i in range(10, len(times)):
+        assert times[i] - times[i - 10] >= 1.0 - late, times
+    assert times[-1] - times[0] >= 3.9 - late, times

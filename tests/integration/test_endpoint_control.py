@@ -110,8 +110,9 @@ async def test_a_rate_limit_spreads_deliveries(api: Api, receiver: Receiver) -> 
         assert (await api.wait(run_id))["status"] == "completed"
     await until(lambda: len(receiver.of("flow.completed")) == 15, timeout=20)
     times = sorted(r["at"] for r in receiver.of("flow.completed"))
-    for i in range(10, len(times)):  # no second holds more than ten, across the burst
-        assert times[i] - times[i - 10] >= 1.0 - 0.05, times
+    for i in range(10, len(times)):  # slots 0.1 s apart; a busy loop may send one late
+        assert times[i] - times[i - 10] >= 1.0 - 0.1, times
+    assert times[-1] - times[0] >= 1.4 - 0.1, times
 
 
 async def test_bad_controls_answer_400_naming_the_field(api: Api, receiver: Receiver) -> None:
