@@ -266,8 +266,11 @@ def with_nested(
     def ordered(holder: str, records: list[RunStep]) -> list[RunStep]:
         out: list[RunStep] = []
         for record in records:
+            held = by_holder.get((holder, record.idx), [])
+            if held:
+                record = replace(record, parts=tuple((_key(p), p.status) for p, _ in held))
             out.append(record)
-            for part, own in by_holder.get((holder, record.idx), []):
+            for part, own in held:
                 scope = part.scope or {}
                 marked = [
                     replace(
@@ -283,6 +286,13 @@ def with_nested(
         return out
 
     return ordered(run_id, steps)
+
+
+def _key(part: Run) -> str | int | None:
+    """A part's branch name or item index."""
+    scope = part.scope or {}
+    found: str | int | None = scope.get("branch", scope.get("index"))
+    return found
 
 
 async def branch_steps(conn: AsyncConnection, run_id: str, idxs: Sequence[int]) -> list[RunStep]:
