@@ -59,22 +59,40 @@ def _placed(steps: list[Any], field: str = "definition.steps") -> Iterator[_Plac
 
 def _where(path: Iterable[Any], definition: Any) -> tuple[str, str]:
     """("steps[1].output", "step 'price' (steps[1])") for a schema path: the field, and the
-    innermost step it lies in."""
+    innermost step it lies in. A step is an entry of a list of steps (the flow's, a map's
+    ``steps``, a parallel's branch), known by the shape of the path, not by field names: a
+    branch may be called anything."""
     field = "definition"
     label = ""
     node = definition
+    kind = "flow"  # what ``node`` is: the flow, a list of steps, a step, a step's branches
     for part in path:
         field += f"[{part}]" if isinstance(part, int) else f".{part}"
         try:
             node = node[part]
         except (KeyError, IndexError, TypeError):
             node = None
-        in_list = isinstance(part, int) and field.rsplit("[", 1)[0].endswith(("steps", "]"))
-        if in_list and isinstance(node, dict) and "type" in node:
+        kind = _next_kind(kind, part)
+        if kind == "step" and isinstance(node, dict):
             sid = node.get("id")
             where = field.removeprefix("definition.")
             label = f"step {sid!r} ({where})" if isinstance(sid, str) else where
     return field, label
+
+
+def _next_kind(kind: str, part: Any) -> str:
+    """What ``part`` of a node of ``kind`` is, as :func:`_where` walks a path: a list of steps
+    (the flow's ``steps``, a step's ``steps``, any branch), a step (an entry of such a list),
+    a step's ``branches``, or nothing of the kind (``""``)."""
+    if kind == "steps":
+        return "step" if isinstance(part, int) else ""
+    if kind == "branches":
+        return "steps" if isinstance(part, str) else ""
+    if kind in ("flow", "step") and part == "steps":
+        return "steps"
+    if kind == "step" and part == "branches":
+        return "branches"
+    return ""
 
 
 def _schema_error(err: ValidationError, definition: Any) -> InvalidDefinition:

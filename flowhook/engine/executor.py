@@ -236,6 +236,10 @@ class Executor:
         self._open: dict[str, tuple[RunStep, bool]] = {}
         """Per run: its step whose ``running`` record is committed and has no outcome yet, and
         whether a crash already cut that attempt short (found so on a resumed run)."""
+        self._unwritten: dict[str, tuple[list[RunStep], list[Event]]] = {}
+        """Per part: the step records and events of a write its guard refused. A part whose
+        sibling failed is flagged, not interrupted: its step in flight ends, and the cancel
+        that follows keeps that step's result (see :meth:`_lost`)."""
 
     async def _apply_alone(self, progress: runs_store.Progress) -> bool:
         async with self._db.transaction() as conn:
@@ -263,7 +267,16 @@ class Executor:
                     progress, before=extra.before, lock_key=extra.lock_key, after=extra.after
                 )
         if not await self._apply(progress):
-            raise runs_store.LeaseLost(run.run_id)
+            raise self._lost(run, steps, events)
+
+    def _lost(self, run: Run, steps: list[RunStep], events: list[Event]) -> runs_store.LeaseLost:
+        """The error for a write of ``run`` its guard refused. A part keeps what the write
+        held: when the refusal was a cancel (a sibling failed), the steps that finished before
+        it are recorded as they ended, not as cut short (DESIGN.md: the others stop at their
+        next step boundary)."""
+        if run.root_run_id is not None:
+            self._unwritten[run.run_id] = (steps, events)
+        return runs_store.LeaseLost(run.run_id)
 
     async def _compiled(self, run: Run) -> CompiledFlow | None:
         key = (run.flow_id, run.flow_version)
@@ -299,6 +312,7 @@ class Executor:
             self.in_step.discard(run.run_id)
             self.cancelling.discard(run.run_id)
             self._open.pop(run.run_id, None)
+            self._unwritten.pop(run.run_id, None)
 
     async def _execute(self, run: Run) -> RunStatus:
         state = await self._resume(run)
@@ -360,17 +374,16 @@ class Executor:
         self, run: Run, earlier: dict[int, RunStep], ctx: Context, *, idxs: list[int] | None = None
     ) -> None:
         """Let later steps reach the steps of the branches of finished ``parallel`` steps
-        (those at ``idxs``, or every one among ``earlier``) as ``steps.<id>``."""
-        if idxs is None:
-            idxs = [
-                s.idx
-                for s in earlier.values()
-                if s.type == "parallel" and s.status is StepStatus.COMPLETED and not s.reused
-            ]
-        if not idxs:
+        (those at ``idxs``, or every one among ``earlier``, including those a rerun reused)
+        as ``steps.<id>``."""
+        if idxs is None and not any(s.type == "parallel" for s in earlier.values()):
             return
         async with self._db.read() as conn:
-            found = await children_store.branch_steps(conn, run.run_id, idxs)
+            if idxs is None:
+                records = list(earlier.values())
+                found = await children_store.reached_branch_steps(conn, run, records)
+            else:
+                found = await children_store.branch_steps(conn, run.run_id, idxs)
         for s in found:
             ctx["steps"][s.step_id] = {"output": s.output, "status": str(s.status)}
 
@@ -445,9 +458,8 @@ class Executor:
                 if holder is None:
                     return None
                 chain.append(holder)
-                done = [s.idx for s in holder.steps if s.type == "parallel" and s.output]
-                if done:  # what their branches ran is in reach too
-                    branches += await children_store.branch_steps(conn, holder.run_id, done)
+                # what the branches of its finished parallel steps ran is in reach too
+                branches += await children_store.reached_branch_steps(conn, holder, holder.steps)
                 holder_id = holder.parent_run_id if holder.root_run_id is not None else None
         root = chain[-1]
         ctx = _context(root, {s.idx: s for s in root.steps})
@@ -808,7 +820,7 @@ class Executor:
     async def _commit(self, state: _InFlight, **extra: Any) -> None:
         """Commit what is pending with the run's progress (still ``running``)."""
         if not await self._apply(self._progress(state, **extra)):
-            raise runs_store.LeaseLost(state.run.run_id)
+            raise self._lost(state.run, state.pending.steps, state.pending.events)
         state.run.status = RunStatus.RUNNING
         state.pending = _Pending()
 
@@ -832,7 +844,7 @@ class Executor:
         assert isinstance(step, WaitStep)
         wait = signals_store.Wait(
             run.run_id, attempt.idx, run.workspace_id, run.mode, step.signal,
-            outcome.output["match"], attempt.started, outcome.wait_until,
+            outcome.output["match"], attempt.started, outcome.wait_until, run.root_run_id,
         )  # fmt: skip
         record = RunStep(
             idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
@@ -1426,18 +1438,31 @@ class Executor:
         return None
 
     async def _cancel(self, run: Run) -> RunStatus:
-        """End the run ``cancelled``; a step attempt left open fails, interrupted."""
+        """End the run ``cancelled``; a step attempt left open fails, interrupted. A part
+        keeps the results its refused write held (not the start of a next step)."""
         now = self._clock.now()
         values = {"finished_at": now, "duration_ms": run_duration_ms(run, now)}
-        pending = _Pending()
+        steps, events = self._unwritten.pop(run.run_id, ([], []))
+        pending = _Pending(
+            [_stopped_record(s) for s in steps if s.status is not StepStatus.RUNNING], events
+        )
         stopped = {"type": "cancelled", "message": "the run was cancelled during this step"}
         self._close_open(run, pending, now, stopped, cut=True)
         cancel = runs_store.StatusChange(RunStatus.CANCELLED, values, honour_cancel=False)
-        events = [cancelled_event(run, now)] if run.root_run_id is None else []
-        await self._write(run, (cancel,), pending.steps, events)
+        if run.root_run_id is None:
+            pending.events.append(cancelled_event(run, now))
+        await self._write(run, (cancel,), pending.steps, pending.events)
         if run.root_run_id is None:
             metrics.RUNS_FINISHED.labels(status="cancelled").inc()
         return RunStatus.CANCELLED
+
+
+def _stopped_record(step: RunStep) -> RunStep:
+    """A step record kept by a part that stopped at a step boundary: a failed attempt that
+    would have been retried is simply failed (the part goes no further)."""
+    if step.status is StepStatus.RETRYING:
+        return replace(step, status=StepStatus.FAILED)
+    return step
 
 
 def _part_error(part: Run) -> dict[str, Any]:

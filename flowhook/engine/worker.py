@@ -254,7 +254,8 @@ class Worker(Consumer):
 
     async def _watch_cancels(self) -> None:
         """Interrupt a step in flight when its run is cancelled (an http request, a python
-        function awaiting): the executor then ends the run ``cancelled``."""
+        function awaiting): the executor then ends the run ``cancelled``. A branch or item
+        stopped because a sibling failed is not interrupted: it ends at its next write."""
         while not self._stopping.is_set():
             await asyncio.sleep(CANCEL_CHECK_SECONDS)
             busy = [r for r in self.executor.in_step if r in self._inflight]

@@ -4,7 +4,7 @@ the same transaction."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -44,6 +44,24 @@ def _comment(comment: str | None) -> str | None:
     return comment or None
 
 
+async def _nested(conn: AsyncConnection, run_id: str, step_id: str) -> Approval | None:
+    """A request of step ``step_id`` inside the run's branches or items: the one waiting for
+    a decision, else the latest (which answers that it was decided, or its part ended).
+    When several wait (the step of a ``map``'s items), a key cannot say which item it
+    decides: 409, decide each through the links of its ``flow.approval_requested``."""
+    found = await store.nested_by_step(conn, run_id, step_id)
+    waiting = [a for a, part in found if a.decision is None and not part.terminal]
+    if len(waiting) > 1:
+        raise Conflict(
+            f"step {step_id!r} waits for a decision in {len(waiting)} items of run "
+            f"{run_id!r}: decide each through the links of its flow.approval_requested event",
+            code="ambiguous_step",
+        )
+    if waiting:
+        return waiting[0]
+    return found[-1][0] if found else None
+
+
 class ApprovalService:
     def __init__(self, db: Database, clock: Clock) -> None:
         self._db = db
@@ -62,6 +80,8 @@ class ApprovalService:
             run = await runs_store.get_run_by_id(conn, approval.run_id)
         live = run is not None and not run.status.terminal
         is_open = live and approval.decision is None and not approval.expired(self._clock.now())
+        if run is not None and run.root_run_id is not None:  # a branch's or item's step
+            approval = replace(approval, run_id=run.root_run_id)
         return LinkView(approval, approve, is_open, run.flow_id if run else "")
 
     async def decide_by_link(self, token: str, comment: str | None) -> Approval:
@@ -95,6 +115,8 @@ class ApprovalService:
                 raise missing("run", run_id)
             approval = await store.get_by_step(conn, run_id, step_id)
             if approval is None:
+                approval = await _nested(conn, run_id, step_id)
+            if approval is None:
                 raise missing("approval request", f"{run_id}/{step_id}")
             return await self._decide(conn, approval, approve, by, comment)
 
@@ -121,4 +143,6 @@ class ApprovalService:
                 )
             raise Conflict("this approval request has expired", code="expired")
         await signals_store.wake(conn, [approval.run_id], now)
-        return await store.get(conn, approval.run_id, approval.idx) or approval
+        decided = await store.get(conn, approval.run_id, approval.idx) or approval
+        # a branch's or item's step: people know the run, not its part
+        return replace(decided, run_id=run.root_run_id or run.run_id)

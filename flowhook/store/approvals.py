@@ -13,9 +13,9 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
-from flowhook.store.models import Mode
+from flowhook.store.models import Mode, RunStatus
 from flowhook.store.rows import from_row
-from flowhook.store.tables import approvals
+from flowhook.store.tables import approvals, runs
 
 __all__ = [
     "Approval",
@@ -24,6 +24,7 @@ __all__ = [
     "insert",
     "get",
     "get_by_step",
+    "nested_by_step",
     "by_token",
     "decide",
 ]
@@ -95,6 +96,20 @@ async def get_by_step(conn: AsyncConnection, run_id: str, step_id: str) -> Appro
     )
     row = (await conn.execute(q)).first()
     return _approval(row) if row else None
+
+
+async def nested_by_step(
+    conn: AsyncConnection, run_id: str, step_id: str
+) -> list[tuple[Approval, RunStatus]]:
+    """The requests of step ``step_id`` inside ``run_id``'s branches and items (stored under
+    their parts), oldest first, each with how its part stands."""
+    q = (
+        select(*_COLUMNS, runs.c.status.label("part_status"))
+        .join(runs, runs.c.run_id == approvals.c.run_id)
+        .where(runs.c.root_run_id == run_id, approvals.c.step_id == step_id)
+        .order_by(approvals.c.created_at, approvals.c.run_id, approvals.c.idx)
+    )
+    return [(_approval(r), RunStatus(r.part_status)) for r in (await conn.execute(q)).all()]
 
 
 async def by_token(conn: AsyncConnection, token: str) -> tuple[Approval, bool] | None:

@@ -28,8 +28,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from flowhook.events import run_duration_ms
 from flowhook.store import bulk
 from flowhook.store.guards import ACTIVE_RUN, run_move
-from flowhook.store.models import Run, RunStatus, RunStep
-from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS
+from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
+from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS, get_run_by_id
 from flowhook.store.tables import run_steps, runs
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "nested_of",
     "with_nested",
     "branch_steps",
+    "reached_branch_steps",
 ]
 
 HELD = datetime(9999, 1, 1, tzinfo=UTC)
@@ -266,8 +267,11 @@ def with_nested(
     def ordered(holder: str, records: list[RunStep]) -> list[RunStep]:
         out: list[RunStep] = []
         for record in records:
+            held = by_holder.get((holder, record.idx), [])
+            if held:
+                record = replace(record, parts=tuple((_key(p), p.status) for p, _ in held))
             out.append(record)
-            for part, own in by_holder.get((holder, record.idx), []):
+            for part, own in held:
                 scope = part.scope or {}
                 marked = [
                     replace(
@@ -285,6 +289,13 @@ def with_nested(
     return ordered(run_id, steps)
 
 
+def _key(part: Run) -> str | int | None:
+    """A part's branch name or item index."""
+    scope = part.scope or {}
+    found: str | int | None = scope.get("branch", scope.get("index"))
+    return found
+
+
 async def branch_steps(conn: AsyncConnection, run_id: str, idxs: Sequence[int]) -> list[RunStep]:
     """The finished step records of the branches that ``run_id``'s ``parallel`` steps at
     ``idxs`` ran (what later steps reach as ``steps.<id>``)."""
@@ -295,3 +306,31 @@ async def branch_steps(conn: AsyncConnection, run_id: str, idxs: Sequence[int]) 
     )
     q = select(run_steps).where(run_steps.c.run_id.in_(parts), run_steps.c.status == "completed")
     return [RunStep.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def reached_branch_steps(
+    conn: AsyncConnection, run: Run, records: Sequence[RunStep]
+) -> list[RunStep]:
+    """The finished step records of the branches of the completed ``parallel`` steps among
+    ``run``'s ``records``. A rerun reuses such a step without its parts: its branches ran in
+    the run it reruns (or further back, when that run reused it too), found by step id along
+    ``rerun_of``; a run pruned by retention takes its branches' records with it."""
+    done = [s for s in records if _finished_parallel(s)]
+    ran = [s.idx for s in done if not s.reused]
+    found = await branch_steps(conn, run.run_id, ran) if ran else []
+    wanted = {s.step_id for s in done if s.reused}
+    source = run.rerun_of
+    while wanted and source is not None:
+        original = await get_run_by_id(conn, source)
+        if original is None:
+            break
+        there = [s for s in original.steps if s.step_id in wanted and _finished_parallel(s)]
+        ran = [s.idx for s in there if not s.reused]
+        found += await branch_steps(conn, original.run_id, ran) if ran else []
+        wanted = {s.step_id for s in there if s.reused}
+        source = original.rerun_of
+    return found
+
+
+def _finished_parallel(step: RunStep) -> bool:
+    return step.type == "parallel" and step.status is StepStatus.COMPLETED

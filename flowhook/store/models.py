@@ -171,6 +171,9 @@ class RunStep:
     index: int | None = None
     depth: int = 0
     """How deep it is nested (0: a step of the run itself)."""
+    parts: tuple[tuple[str | int | None, RunStatus], ...] = ()
+    """A ``parallel`` or ``map`` step's branches or items (by name or index) and how their
+    parts stand, those that ran no step yet too (read, not stored: the run page shows them)."""
 
     @classmethod
     def from_row(cls, row: Any) -> RunStep:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import and_, func, select, text, union_all, update
+from sqlalchemy import and_, func, or_, select, text, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -443,11 +443,21 @@ async def next_due(conn: AsyncConnection) -> datetime | None:
 
 
 async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) -> list[str]:
-    """Which of ``run_ids`` someone asked to cancel."""
+    """Which of ``run_ids`` someone asked to cancel: runs, and parts of runs someone asked to
+    cancel. A part flagged only because a sibling failed or its step's time is up is left
+    out: it stops at its next step boundary (its next write), its step in flight is not cut
+    short (DESIGN.md, ``parallel``)."""
     if not run_ids:
         return []
-    q = select(runs.c.run_id).where(
-        runs.c.run_id.in_(list(run_ids)), runs.c.cancel_requested_at.is_not(None)
+    root = runs.alias("root")
+    q = (
+        select(runs.c.run_id)
+        .select_from(runs.outerjoin(root, root.c.run_id == runs.c.root_run_id))
+        .where(
+            runs.c.run_id.in_(list(run_ids)),
+            runs.c.cancel_requested_at.is_not(None),
+            or_(runs.c.root_run_id.is_(None), root.c.cancel_requested_at.is_not(None)),
+        )
     )
     return list((await conn.execute(q)).scalars())
 

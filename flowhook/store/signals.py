@@ -76,6 +76,9 @@ class Wait:
     match: dict[str, Any]
     created_at: datetime
     until: datetime | None
+    root_run_id: str | None = None
+    """For a ``wait`` inside a branch or item (``run_id`` is its part's): the run people
+    see, to which a signal sent to one run is sent."""
 
 
 def match_keys(match: dict[str, Any]) -> str:
@@ -159,7 +162,9 @@ def _open_waits(workspace_id: str, mode: str, name: str) -> Any:
 async def deliver(conn: AsyncConnection, signal: Signal, now: datetime) -> list[str]:
     """Resolve the open ``wait`` steps ``signal`` matches (at most one per run, the earliest)
     with it and wake their runs; the ids of those runs. Only waits of runs still going
-    count. Call after :func:`lock_name`, in the transaction that stored the signal."""
+    count. A signal sent to one run reaches the waits of its branches and items too (at most
+    one per branch or item, like a broadcast). Call after :func:`lock_name`, in the
+    transaction that stored the signal."""
     ws, mode = signal.workspace_id, str(signal.mode)
     open_ = _open_waits(ws, mode, signal.name)
     # only waits of runs still going (a cancelled run's wait stays open), by primary key
@@ -169,7 +174,8 @@ async def deliver(conn: AsyncConnection, signal: Signal, now: datetime) -> list[
         .where(text(ACTIVE_RUN))
     )
     if signal.run_id is not None:  # sent to one run: its match fields do not apply
-        found = live.where(open_, waits.c.run_id == signal.run_id)
+        target = signal.run_id
+        found = live.where(open_, or_(waits.c.run_id == target, runs.c.root_run_id == target))
     else:
         key_sets = select(waits.c.match_keys).where(open_).distinct()
         wanted = []
@@ -222,12 +228,12 @@ PAGE = 1000
 
 
 async def find_for_wait(conn: AsyncConnection, wait: Wait, since: datetime) -> Signal | None:
-    """The earliest signal sent since ``since`` (the run was queued) that resolves ``wait``:
-    of its name, to its run or a broadcast whose data matches, and not already used by
-    another ``wait`` step of the run (the step found again after a crash finds the same
-    one). Read :data:`PAGE` signals at a time, oldest first, until one matches or none are
-    left: a busy name (a thousand other orders paid meanwhile) never hides the one that
-    matches. Call after :func:`lock_name`."""
+    """The earliest signal that resolves ``wait``: of its name, sent to its run (or to the
+    run its part is part of) or a broadcast whose data matches sent since ``since`` (the run
+    was queued), and not already used by another ``wait`` step of the run (the step found
+    again after a crash finds the same one). Read :data:`PAGE` signals at a time, oldest
+    first, until one matches or none are left: a busy name (a thousand other orders paid
+    meanwhile) never hides the one that matches. Call after :func:`lock_name`."""
     used = select(waits.c.signal_id).where(
         waits.c.run_id == wait.run_id, waits.c.idx != wait.idx, waits.c.signal_id.is_not(None)
     )
@@ -237,8 +243,10 @@ async def find_for_wait(conn: AsyncConnection, wait: Wait, since: datetime) -> S
             signals.c.workspace_id == wait.workspace_id,
             signals.c.mode == str(wait.mode),
             signals.c.name == wait.name,
-            signals.c.created_at >= since,
-            or_(signals.c.run_id.is_(None), signals.c.run_id == wait.run_id),
+            or_(
+                and_(signals.c.run_id.is_(None), signals.c.created_at >= since),
+                signals.c.run_id.in_([wait.run_id, wait.root_run_id or wait.run_id]),
+            ),
             signals.c.id.not_in(used),
         )
         .order_by(signals.c.created_at, signals.c.id)

@@ -24,7 +24,7 @@ from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthe
 from flowhook.events import EVENT_TYPES
 from flowhook.service import Principal, Services
 from flowhook.signing import build_headers, new_secret
-from flowhook.store.models import Run, RunStep, StepStatus
+from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
 from flowhook.store.sessions import WebSession
 from flowhook.web.security import foreign_origin, secure_cookie
 
@@ -474,12 +474,22 @@ def _timeline(r: Run, now: datetime) -> list[tuple[float, float] | None]:
 @dataclass
 class _Node:
     """A step on the run page with its bar and, for a ``parallel`` or ``map`` step, its
-    branches or items (each a list of nodes) and how many items ended how."""
+    branches or items and how many items stand how."""
 
     step: RunStep
     bar: tuple[float, float] | None
-    groups: list[tuple[str, list[_Node]]] = field(default_factory=list)
+    groups: list[_Group] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    """A branch or an item on the run page: its steps, and how it stands (see
+    :func:`_item_status`)."""
+
+    label: str
+    members: list[_Node] = field(default_factory=list)
+    status: str = ""
 
 
 def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[_Node]:
@@ -495,27 +505,56 @@ def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[
             top.append(node)
         else:
             holder = stack[-1]
-            s = node.step
-            label = f"branch {s.branch}" if s.branch is not None else f"item {s.index}"
-            if not holder.groups or holder.groups[-1][0] != label:
-                holder.groups.append((label, []))
-            holder.groups[-1][1].append(node)
+            label = _label(node.step.branch, node.step.index)
+            if not holder.groups or holder.groups[-1].label != label:
+                holder.groups.append(_Group(label))
+            holder.groups[-1].members.append(node)
         stack.append(node)
     for node in nodes:
-        if node.step.type == "map":
-            for _, members in node.groups:
-                state = _item_status(members)
-                node.counts[state] = node.counts.get(state, 0) + 1
+        _settle_groups(node)
     return top
 
 
-def _item_status(members: list[_Node]) -> str:
-    """How an item (or branch) stands, from its steps: failed if one failed, else going
-    while one is not done, else completed."""
+def _label(branch: str | None, index: int | None) -> str:
+    return f"branch {branch}" if branch is not None else f"item {index}"
+
+
+def _settle_groups(node: _Node) -> None:
+    """Give each branch or item of ``node`` its status, list those that ran no step yet too
+    (a map's items held back, or never started because the step ended first: they count
+    in its total), and count a map's items by status."""
+    ran = {g.label: g for g in node.groups}
+    if node.step.parts:
+        node.groups = []
+        for key, status in node.step.parts:
+            label = _label(key, None) if isinstance(key, str) else _label(None, key)
+            group = ran.get(label) or _Group(label)
+            group.status = _item_status(group.members, status)
+            node.groups.append(group)
+    else:
+        for group in node.groups:
+            group.status = _item_status(group.members, None)
+    if node.step.type == "map":
+        for group in node.groups:
+            node.counts[group.status] = node.counts.get(group.status, 0) + 1
+
+
+def _item_status(members: list[_Node], part: RunStatus | None) -> str:
+    """How an item (or branch) stands: as its part ended (``completed``, ``failed``,
+    ``cancelled``, or ``not started`` when it was cancelled before it ran a step),
+    ``queued`` while it has not started; else, from its steps, failed if one failed,
+    ``waiting`` if one waits, else ``running``. Without its part (``None``), completed when
+    every step is."""
+    if part is RunStatus.CANCELLED and not members:
+        return "not started"
+    if part is not None and part.terminal:
+        return str(part)
+    if not members:
+        return "running" if part is RunStatus.RUNNING else "queued"
     statuses = {m.step.status for m in members}
     if StepStatus.FAILED in statuses:
         return "failed"
-    if statuses <= {StepStatus.COMPLETED, StepStatus.SKIPPED}:
+    if part is None and statuses <= {StepStatus.COMPLETED, StepStatus.SKIPPED}:
         return "completed"
     return "waiting" if StepStatus.WAITING in statuses else "running"
 

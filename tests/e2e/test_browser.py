@@ -403,7 +403,8 @@ def test_a_parent_and_its_child_run_link_each_other(app: Server, page: Any) -> N
 
 
 def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -> None:
-    """A parallel's branches side by side, a map's items counted by status and listed."""
+    """A parallel's branches side by side, a map's items counted by status and listed: one
+    completed, one failed, two stopped where they waited, one never started."""
     api = httpx.Client(
         base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
     )
@@ -414,30 +415,53 @@ def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -
                 "crm": [{"id": "crm_look", "type": "transform", "output": {"tier": "gold"}}],
                 "billing": [{"id": "bill_look", "type": "transform", "output": {"owed": 3}},
                             {"id": "bill_sum", "type": "transform", "output": {"owed": 6}}]}},
-            {"id": "each", "type": "map", "items": "{{ payload.lines }}", "concurrency": 2,
-             "steps": [{"id": "check", "type": "condition", "if": "{{ item > 0 }}", "else": "fail"},
-                       {"id": "charge", "type": "transform", "output": {"cents": "{{ item * 100 }}"}}]},
+            # item 0 goes straight to charge; the others wait for their line's signal, and
+            # a negative line then fails. Three run at once: item 3 starts when item 0
+            # completes, item 4 never (no other item completes).
+            {"id": "each", "type": "map", "items": "{{ payload.lines }}", "concurrency": 3,
+             "steps": [{"id": "gate", "type": "condition", "if": "{{ index == 0 }}",
+                        "then": "charge"},
+                       {"id": "hold", "type": "wait", "signal": "line",
+                        "match": {"run": "{{ run.id }}", "n": "{{ item }}"}},
+                       {"id": "check", "type": "condition", "if": "{{ item > 0 }}",
+                        "else": "fail"},
+                       {"id": "charge", "type": "transform",
+                        "output": {"cents": "{{ item * 100 }}"}}]},
         ],
     }  # fmt: skip
     flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
-    body = {"flow_id": flow_id, "payload": {"lines": [1, 2, 3, -4]}}
+    body = {"flow_id": flow_id, "payload": {"lines": [1, 2, -3, 4, 5]}}
     run_id = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    for _ in range(200):  # items 1, 2 and 3 wait
+        steps = api.get(f"/api/v1/flows/runs/{run_id}").json()["steps"]
+        waiting = [s["index"] for s in steps if (s["id"], s["status"]) == ("hold", "waiting")]
+        if sorted(waiting) == [1, 2, 3]:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"items 1 to 3 never waited: {steps}")
+    r = api.post("/api/v1/signals", json={"name": "line", "data": {"run": run_id, "n": -3}})
+    assert r.json()["matched"] == 1, r.text
     for _ in range(200):
         if api.get(f"/api/v1/flows/runs/{run_id}").json()["status"] == "failed":
             break
         time.sleep(0.05)
     sign_in(page, app)
     page.goto(f"{app.base}/runs/{run_id}")
-    shot(page, "25-run-tree")
     branches = page.locator("li[data-step=enrich] .branch")
     assert branches.count() == 2
-    assert (
-        "branch crm" in branches.nth(0).inner_text() or "branch crm" in branches.nth(1).inner_text()
-    )
+    assert sorted(branches.nth(i).get_attribute("data-status") for i in range(2)) == [
+        "completed", "completed"
+    ]  # fmt: skip
+    assert "branch crm" in page.inner_text("li[data-step=enrich] .branches")
     counts = page.inner_text("li[data-step=each] .counts")
-    assert "4 items" in counts and "3 completed" in counts and "1 failed" in counts
+    for part in ("5 items", "1 completed", "1 failed", "2 cancelled", "1 not started"):
+        assert part in counts, counts
     page.click("li[data-step=each] details.items > summary")
-    assert page.locator("li[data-step=each] .item").count() == 4
+    items = page.locator("li[data-step=each] .item")
+    assert [items.nth(i).get_attribute("data-status") for i in range(items.count())] == [
+        "completed", "cancelled", "failed", "cancelled", "not started"
+    ]  # fmt: skip
     shot(page, "25-run-tree")
     api.close()
 

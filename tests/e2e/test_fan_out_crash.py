@@ -1,7 +1,8 @@
 """`kill -9` of the serving process while a run maps an ``http`` step over 200 items (20 at
 a time) and while another waits in a ``parallel`` step with a ``delay`` branch and a sub-flow
-branch: after a restart both complete, every item's request arrived once (but for at most the
-20 in flight at the kill, which may arrive twice), and the child's request once."""
+branch (both seen waiting before the kill, the child run in its own delay): after a restart
+both complete, every item's request arrived once (but for at most the 20 in flight at the
+kill, which may arrive twice), and the one child's request once."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
     child = {
         "name": "child",
         "steps": [
-            {"id": "later", "type": "delay", "seconds": 2},
+            {"id": "later", "type": "delay", "seconds": 3},
             {"id": "ship", "type": "http", "request": {**post, "json": {"i": "child"}}},
         ],
     }
@@ -98,15 +99,28 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
                 "name": "both",
                 "steps": [
                     {"id": "side", "type": "parallel", "branches": {
-                        "slow": [{"id": "pause", "type": "delay", "seconds": 2}],
+                        "slow": [{"id": "pause", "type": "delay", "seconds": 3}],
                         "sub": [{"id": "call", "type": "flow", "flow_id": child_id}]}},
                     {"id": "after", "type": "http", "request": {**post, "json": {"i": "after"}}},
                 ],
             }  # fmt: skip
             map_flow = client.post("/api/v1/flows", json=mapped).json()["flow_id"]
             both_flow = client.post("/api/v1/flows", json=both).json()["flow_id"]
-            map_run = client.post("/api/v1/flows/execute", json={"flow_id": map_flow}).json()
             both_run = client.post("/api/v1/flows/execute", json={"flow_id": both_flow}).json()
+
+            def in_flight() -> str | None:
+                """The child run's id once it waits in its delay and the other branch in
+                its own."""
+                run = client.get(f"/api/v1/flows/runs/{both_run['run_id']}").json()
+                steps = {s["id"]: s for s in run["steps"]}
+                if any(steps.get(k, {}).get("status") != "waiting" for k in ("pause", "call")):
+                    return None
+                found = client.get(f"/api/v1/flows/runs/{steps['call']['output']['run_id']}")
+                later = [s for s in found.json()["steps"] if s["id"] == "later"]
+                return found.json()["run_id"] if later and later[0]["status"] == "waiting" else None
+
+            child_run = wait_for(in_flight, timeout=10)
+            map_run = client.post("/api/v1/flows/execute", json={"flow_id": map_flow}).json()
             wait_for(lambda: sum(v for k, v in seen.items() if k.isdigit()) >= 60)
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait()
@@ -125,6 +139,7 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
 
         done_map = wait_for(lambda: finished(map_run["run_id"]), timeout=60)
         done_both = wait_for(lambda: finished(both_run["run_id"]), timeout=60)
+        children = client.get("/api/v1/flows/runs", params={"flow_id": child_id}).json()["data"]
     assert done_map["status"] == "completed", done_map["error"]
     assert done_both["status"] == "completed", done_both["error"]
     items = {str(i): seen[str(i)] for i in range(ITEMS)}
@@ -133,6 +148,8 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
     assert len(twice) <= CONCURRENCY, twice  # only requests in flight at the kill repeat
     assert all(n <= 2 for n in items.values())
     assert (seen["child"], seen["after"]) == (1, 1)
+    # the child that was in flight at the kill is the one that completed: no second child
+    assert [(c["run_id"], c["status"]) for c in children] == [(child_run, "completed")]
     charged = [s for s in done_map["steps"] if s.get("parent") == "each"]
     assert sorted(s["index"] for s in charged) == list(range(ITEMS))
     assert all(s["status"] == "completed" for s in charged)

@@ -121,6 +121,33 @@ async def test_a_map_over_a_non_list_or_too_many_items_fails_clearly(api: Api) -
     assert "1001 items, more than 1000 (FLOWHOOK_MAX_MAP_ITEMS)" in done["error"]["message"]
 
 
+async def parts_when_ended(api: Api, run_id: str) -> dict[Any, dict[str, Any]]:
+    """The run's parts once every one has ended, by branch name or item index, with their
+    status and step records."""
+    from sqlalchemy import select
+
+    from flowhook.store import runs as runs_store
+    from flowhook.store.tables import runs
+
+    db = api.app.state.services.db
+    async with asyncio.timeout(10):
+        while True:
+            async with db.read() as conn:
+                q = select(runs.c.run_id).where(runs.c.root_run_id == run_id)
+                ids = (await conn.execute(q)).scalars().all()
+                parts = [await runs_store.get_run_by_id(conn, i) for i in ids]
+            if all(p is not None and p.status.terminal for p in parts):
+                break
+            await asyncio.sleep(0.05)
+    found: dict[Any, dict[str, Any]] = {}
+    for part in parts:
+        assert part is not None
+        scope = part.scope or {}
+        steps = {s.step_id: s for s in part.steps}
+        found[scope.get("branch", scope.get("index"))] = {"status": str(part.status), **steps}
+    return found
+
+
 async def test_a_failed_item_fails_the_step_and_stops_the_others(api: Api) -> None:
     flow = {
         "name": "one bad line",
@@ -138,13 +165,21 @@ async def test_a_failed_item_fails_the_step_and_stops_the_others(api: Api) -> No
         ],
     }
     flow_id = await api.create_flow(flow)
-    done = await api.wait(await api.execute(flow_id, {"lines": [1, 2, -3, 4, 5]}))
+    run_id = await api.execute(flow_id, {"lines": [1, 2, -3, 4, 5]})
+    done = await api.wait(run_id)
     assert done["status"] == "failed", done
     assert done["error"]["type"] == "item_failed" and done["error"]["index"] == 2
     assert done["error"]["step"] == "each"
     items = {s["index"]: s for s in done["steps"] if s.get("parent") == "each"}
     assert 3 not in items and 4 not in items  # held back, never started
     assert items[2]["status"] == "failed"
+    # no item completes (each waits for a signal no one sends): every other item is stopped,
+    # the two beside it wherever they were, the two held back before they started
+    parts = await parts_when_ended(api, run_id)
+    assert {i: p["status"] for i, p in parts.items()} == {
+        0: "cancelled", 1: "cancelled", 2: "failed", 3: "cancelled", 4: "cancelled"
+    }  # fmt: skip
+    assert set(parts[3]) == set(parts[4]) == {"status"}  # no step ran
 
 
 async def test_a_failed_branch_fails_the_step(api: Api) -> None:
@@ -155,16 +190,40 @@ async def test_a_failed_branch_fails_the_step(api: Api) -> None:
                 "id": "both",
                 "type": "parallel",
                 "branches": {
-                    "slow": [{"id": "hold", "type": "wait", "signal": "never"}],
-                    "bad": [{"id": "boom", "type": "fail", "message": "CRM is down"}],
+                    "slow": [{"id": "nap", "type": "python", "function": "nap", "input": 3},
+                             {"id": "hold", "type": "wait", "signal": "never"}],
+                    "idle": [{"id": "idle", "type": "wait", "signal": "never"}],
+                    "quick": [{"id": "fine", "type": "transform", "output": {"ok": True}}],
+                    "bad": [{"id": "go", "type": "wait", "signal": "go",
+                             "match": {"run": "{{ run.id }}"}},
+                            {"id": "boom", "type": "fail", "message": "CRM is down"}],
                 },
             }
         ],
-    }
-    done = await api.wait(await api.execute(await api.create_flow(flow)))
+    }  # fmt: skip
+    run_id = await api.execute(await api.create_flow(flow))
+    want = {"nap": "running", "idle": "waiting", "fine": "completed", "go": "waiting"}
+    async with asyncio.timeout(10):  # every branch is where the test wants it
+        while True:
+            run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+            if want.items() <= {(s["id"], s["status"]) for s in run["steps"]}:
+                break
+            await asyncio.sleep(0.02)
+    r = await api.post("/api/v1/signals", {"name": "go", "data": {"run": run_id}})
+    assert r.status_code == 202 and r.json()["matched"] == 1, r.text
+    done = await api.wait(run_id)
     assert done["status"] == "failed", done
     assert done["error"]["type"] == "branch_failed" and done["error"]["branch"] == "bad"
     assert "CRM is down" in done["error"]["message"]
+    parts = await parts_when_ended(api, run_id)
+    statuses = {name: p["status"] for name, p in parts.items()}
+    assert statuses == {"slow": "cancelled", "idle": "cancelled", "quick": "completed",
+                        "bad": "failed"}  # fmt: skip
+    # the branch in a step stops at the end of it: its step is not cut short, the next one
+    # never starts
+    nap = parts["slow"]["nap"]
+    assert (str(nap.status), nap.output, nap.interrupted) == ("completed", {"slept": 3}, ())
+    assert "hold" not in parts["slow"]
 
 
 async def test_retries_inside_an_item_and_a_map_of_parallels(api: Api) -> None:
@@ -358,3 +417,99 @@ async def test_rerun_treats_a_map_as_one_unit(api: Api) -> None:
     whole = await api.wait(r.json()["run_id"])
     assert whole["status"] == "completed" and whole["steps"][0]["reused"] is False
     assert [s["index"] for s in whole["steps"] if s.get("parent") == "each"] == [0, 1]
+
+
+async def test_a_rerun_after_a_parallel_reaches_the_steps_of_its_branches(api: Api) -> None:
+    flow = {
+        "name": "rerun after a parallel",
+        "steps": [
+            {"id": "enrich", "type": "parallel", "branches": {
+                "crm": [{"id": "crm_lookup", "type": "transform",
+                         "output": {"tier": "{{ payload.tier }}"}}],
+                "billing": [{"id": "terms", "type": "transform", "output": {"days": 30}}]}},
+            {"id": "gate", "type": "condition", "if": "{{ payload.ok }}", "else": "fail"},
+            {"id": "each", "type": "map", "items": [1, 2],
+             "steps": [{"id": "price", "type": "transform",
+                        "output": {"tier": "{{ steps.crm_lookup.output.tier }}"}}]},
+            {"id": "charge", "type": "transform",
+             "output": {"tier": "{{ steps.crm_lookup.output.tier }}",
+                        "days": "{{ steps.terms.output.days }}"}},
+        ],
+        "output": {"charge": "{{ steps.charge.output }}",
+                   "tiers": "{{ steps.each.output | map(attribute='tier') | list }}"},
+    }  # fmt: skip
+    flow_id = await api.create_flow(flow)
+    failed = await api.wait(await api.execute(flow_id, {"tier": "gold", "ok": False}))
+    assert failed["status"] == "failed" and failed["error"]["step"] == "gate", failed
+    r = await api.post(
+        f"/api/v1/flows/runs/{failed['run_id']}/rerun", {"payload": {"tier": "blue", "ok": True}}
+    )
+    assert r.status_code == 202, r.text
+    again = await api.wait(r.json()["run_id"])
+    assert again["status"] == "completed", again
+    assert again["steps"][0]["reused"] is True
+    # the branches ran in the original run, with its payload: the rerun sees their results
+    expected = {"charge": {"tier": "gold", "days": 30}, "tiers": ["gold", "gold"]}
+    assert again["output"] == expected
+    # a rerun of the rerun reuses the parallel again: found two runs back
+    r = await api.post(f"/api/v1/flows/runs/{again['run_id']}/rerun", {"from_step": "charge"})
+    third = await api.wait(r.json()["run_id"])
+    assert third["status"] == "completed" and third["output"]["charge"] == expected["charge"]
+    assert [s["reused"] for s in third["steps"]] == [True, True, True, False]
+
+
+async def nested_waiting(api: Api, run_id: str, step_id: str, count: int) -> None:
+    """Once ``count`` of the run's nested steps ``step_id`` wait."""
+    async with asyncio.timeout(10):
+        while True:
+            run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+            found = [s for s in run["steps"] if (s["id"], s["status"]) == (step_id, "waiting")]
+            if len(found) == count:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_branch_s_wait_and_approval_are_reached_through_the_run_s_id(api: Api) -> None:
+    flow = {
+        "name": "nested wait and approval",
+        "steps": [{"id": "both", "type": "parallel", "branches": {
+            "paid": [{"id": "paid", "type": "wait", "signal": "order.paid"}],
+            "ok": [{"id": "manager", "type": "approval", "message": "Ship it?"}]}}],
+        "output": {"got": "{{ steps.both.output }}"},
+    }  # fmt: skip
+    run_id = await api.execute(await api.create_flow(flow))
+    await nested_waiting(api, run_id, "paid", 1)
+    await nested_waiting(api, run_id, "manager", 1)
+    r = await api.post(
+        f"/api/v1/flows/runs/{run_id}/signal", {"name": "order.paid", "data": {"n": 1}}
+    )
+    assert r.status_code == 202 and r.json()["matched"] == 1, r.text
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/steps/manager/approve", {"comment": "go"})
+    assert r.status_code == 200 and r.json()["approved"] is True, r.text
+    assert r.json()["run_id"] == run_id  # the run people know, not its branch's part
+    again = await api.post(f"/api/v1/flows/runs/{run_id}/steps/manager/reject")
+    assert again.status_code == 409 and again.json()["code"] in ("already_decided", "run_finished")
+    done = await api.wait(run_id)
+    assert done["status"] == "completed", done
+    got = done["output"]["got"]
+    assert got["paid"]["data"] == {"n": 1} and got["ok"]["comment"] == "go"
+
+
+async def test_a_signal_to_the_run_resumes_each_item_s_wait_and_an_item_s_approval_is_ambiguous(
+    api: Api,
+) -> None:
+    flow = {
+        "name": "nested in a map",
+        "steps": [{"id": "each", "type": "map", "items": [1, 2],
+                   "steps": [{"id": "paid", "type": "wait", "signal": "order.paid"},
+                             {"id": "manager", "type": "approval", "message": "Item {{ item }}?"}]}],
+    }  # fmt: skip
+    run_id = await api.execute(await api.create_flow(flow))
+    await nested_waiting(api, run_id, "paid", 2)
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/signal", {"name": "order.paid"})
+    assert r.status_code == 202 and r.json()["matched"] == 2, r.text  # one wait per item
+    await nested_waiting(api, run_id, "manager", 2)
+    r = await api.post(f"/api/v1/flows/runs/{run_id}/steps/manager/approve")
+    assert r.status_code == 409 and r.json()["code"] == "ambiguous_step", r.text
+    assert "2 items" in r.json()["error"]
+    assert (await api.post(f"/api/v1/flows/runs/{run_id}/cancel")).status_code in (200, 202)

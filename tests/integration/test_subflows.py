@@ -159,3 +159,41 @@ async def test_a_flow_step_is_validated(api: Api) -> None:
     )
     assert r.status_code == 400
     assert "step 's' (steps[0])" in r.json()["error"]
+
+
+async def test_a_rerun_after_a_flow_step_reuses_its_child_s_output(api: Api) -> None:
+    child = await api.create_flow(
+        {"name": "child", "steps": [{"id": "c", "type": "transform",
+                                     "output": {"n": "{{ payload.n }}"}}],
+         "output": {"n": "{{ steps.c.output.n }}"}}
+    )  # fmt: skip
+    flow = {
+        "name": "parent",
+        "steps": [
+            {"id": "ship", "type": "flow", "flow_id": child, "payload": {"n": "{{ payload.n }}"}},
+            {"id": "gate", "type": "condition", "if": "{{ payload.ok }}", "else": "fail"},
+            {"id": "after", "type": "transform", "output": {"got": "{{ steps.ship.output.n }}"}},
+        ],
+        "output": {"got": "{{ steps.after.output.got }}"},
+    }
+    failed = await api.wait(await api.execute(await api.create_flow(flow), {"n": 7, "ok": False}))
+    assert failed["status"] == "failed" and failed["error"]["step"] == "gate", failed
+    r = await api.post(
+        f"/api/v1/flows/runs/{failed['run_id']}/rerun", {"payload": {"n": 8, "ok": True}}
+    )
+    assert r.status_code == 202, r.text
+    again = await api.wait(r.json()["run_id"])
+    assert again["status"] == "completed" and again["output"] == {"got": 7}, again
+    assert again["steps"][0]["reused"] is True
+    children = (await api.get("/api/v1/flows/runs", params={"flow_id": child})).json()["data"]
+    assert [c["parent_run_id"] for c in children] == [failed["run_id"]]  # no second child
+    r = await api.post(
+        f"/api/v1/flows/runs/{failed['run_id']}/rerun",
+        {"from_step": "ship", "payload": {"n": 8, "ok": True}},
+    )
+    whole = await api.wait(r.json()["run_id"])
+    assert whole["status"] == "completed" and whole["output"] == {"got": 8}, whole
+    children = (await api.get("/api/v1/flows/runs", params={"flow_id": child})).json()["data"]
+    assert sorted(c["parent_run_id"] for c in children) == sorted(
+        [failed["run_id"], whole["run_id"]]
+    )

@@ -155,3 +155,69 @@ def test_a_flow_step_s_fields_are_checked() -> None:
             validate_definition(_with({**good, **extra}))
         assert exc.value.field == field, exc.value
         assert "step 'ship' (steps[4])" in str(exc.value)
+
+
+NESTED: dict[str, Any] = {
+    "name": "nested",
+    "steps": [
+        {"id": "start", "type": "transform", "output": {"v": 1}},
+        {"id": "p", "type": "parallel", "branches": {
+            "crm": [{"id": "crm_lookup", "type": "transform", "output": {"tier": "gold"}}],
+            "billing": [{"id": "each", "type": "map", "items": [1, 2], "steps": [
+                {"id": "charge", "type": "transform", "output": {"n": "{{ item }}"}}]}],
+        }},
+        {"id": "after", "type": "transform", "output": {"t": "{{ steps.crm_lookup.output }}"}},
+    ],
+}  # fmt: skip
+_CRM = ("steps", 1, "branches", "crm", 0)
+_CHARGE = ("steps", 1, "branches", "billing", 0, "steps", 0)
+
+
+def _nested(at: tuple[Any, ...], change: Any) -> dict[str, Any]:
+    """NESTED with ``change`` applied to the step at path ``at``."""
+    definition = copy.deepcopy(NESTED)
+    step = definition
+    for part in at:
+        step = step[part]
+    change(step)
+    return definition
+
+
+@pytest.mark.parametrize(
+    ("at", "change", "field", "words"),
+    [
+        # duplicate ids: a branch's step and a top-level one, a map's step and a branch's
+        (_CRM, lambda s: s.update(id="start"), "definition.steps[1].branches.crm[0].id",
+         ["step 'start' (steps[1].branches.crm[0])", "already used by steps[0]"]),
+        (_CHARGE, lambda s: s.update(id="crm_lookup"),
+         "definition.steps[1].branches.billing[0].steps[0].id",
+         ["(steps[1].branches.billing[0].steps[0])", "already used by steps[1].branches.crm[0]"]),
+        # schema errors name the nested step, not the parallel or map around it
+        (_CRM, lambda s: s.pop("output"), "definition.steps[1].branches.crm[0].output",
+         ["step 'crm_lookup' (steps[1].branches.crm[0])", "required"]),
+        (_CRM, lambda s: s.update(outptu=1), "definition.steps[1].branches.crm[0].outptu",
+         ["step 'crm_lookup' (steps[1].branches.crm[0])", "outptu"]),
+        (_CHARGE, lambda s: s.update(retry={"max_attempts": 0}),
+         "definition.steps[1].branches.billing[0].steps[0].retry.max_attempts",
+         ["step 'charge' (steps[1].branches.billing[0].steps[0])"]),
+        (("steps", 1, "branches", "billing", 0), lambda s: s.update(concurrency=0),
+         "definition.steps[1].branches.billing[0].concurrency",
+         ["step 'each' (steps[1].branches.billing[0])", "minimum"]),
+        # a literal steps.<id> inside a branch to a step the flow lacks
+        (_CRM, lambda s: s.update(output={"t": "{{ steps.crm_lookp.output }}"}),
+         "definition.steps[1].branches.crm[0].output",
+         ["step 'crm_lookup' (steps[1].branches.crm[0])", "steps.crm_lookp, but the flow has no "
+          "step 'crm_lookp'"]),
+        (_CHARGE, lambda s: s.update(output={"t": "{{ steps['nope'] }}"}),
+         "definition.steps[1].branches.billing[0].steps[0].output", ["step 'nope'"]),
+    ],
+)  # fmt: skip
+def test_errors_in_nested_steps_name_the_nested_step_and_field(
+    at: tuple[Any, ...], change: Any, field: str, words: list[str]
+) -> None:
+    validate_definition(copy.deepcopy(NESTED))
+    with pytest.raises(InvalidDefinition) as info:
+        validate_definition(_nested(at, change))
+    assert info.value.field == field, info.value.message
+    for word in words:
+        assert word in info.value.message, info.value.message

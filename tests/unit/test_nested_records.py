@@ -49,7 +49,30 @@ def test_parts_follow_their_step_in_order_with_where_they_ran() -> None:
     tree = _tree(records, [None] * len(records))
     assert [n.step.step_id for n in tree] == ["start", "each", "after"]
     each = tree[1]
-    assert [label for label, _ in each.groups] == ["item 0", "item 1"]
+    assert [g.label for g in each.groups] == ["item 0", "item 1"]
     assert each.counts == {"completed": 2}
-    [(label, inner)] = each.groups[0][1][0].groups
-    assert label == "branch x" and [n.step.step_id for n in inner] == ["x1", "x2"]
+    [inner] = each.groups[0].members[0].groups
+    assert inner.label == "branch x" and [n.step.step_id for n in inner.members] == ["x1", "x2"]
+    assert inner.status == "completed"
+
+
+def test_a_stopped_map_counts_every_item_those_never_started_too() -> None:
+    """A map whose item 2 failed: item 0 completed, items 1 and 3 were stopped where they
+    waited (their wait's record still says waiting), item 4 never started."""
+    waiting = RunStep(idx=0, step_id="hold", type="wait", status=StepStatus.WAITING, attempts=1)
+    failed = RunStep(idx=0, step_id="hold", type="wait", status=StepStatus.FAILED, attempts=1)
+    how = [RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.CANCELLED,
+           RunStatus.CANCELLED]  # fmt: skip
+    ran = [[step(0, "hold")], [waiting], [failed], [waiting], []]
+    parts = []
+    for i, (status, steps) in enumerate(zip(how, ran, strict=True)):
+        p = part(f"part_{i}", "run_1", 0, step="each", index=i)
+        p.status = status
+        parts.append((p, steps))
+    records = with_nested([step(0, "each", "map")], parts, "run_1")
+    [each] = _tree(records, [None] * len(records))
+    assert [(g.label, g.status) for g in each.groups] == [
+        ("item 0", "completed"), ("item 1", "cancelled"), ("item 2", "failed"),
+        ("item 3", "cancelled"), ("item 4", "not started"),
+    ]  # fmt: skip
+    assert each.counts == {"completed": 1, "cancelled": 2, "failed": 1, "not started": 1}
