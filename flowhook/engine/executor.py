@@ -534,11 +534,10 @@ class Executor:
             limit, period = control.throttle_limit, control.throttle_period
             await control_store.lock(conn, control_store.THROTTLE, flow_id, key)
             mine: list[datetime] = taking.setdefault(("t", flow_id, key), [])
-            if run.throttle_at is None:
-                counted = await control_store.reserved_starts(conn, flow_id, key, limit)
-            else:
-                since = now - timedelta(seconds=period)
-                counted = await control_store.started_within(conn, flow_id, key, since, limit)
+            since = None if run.throttle_at is None else now - timedelta(seconds=period)
+            counted = await control_store.reserved_starts(
+                conn, flow_id, key, limit, started_since=since
+            )
             latest = sorted([*mine, *counted], reverse=True)[:limit]
             start = throttle_start(latest, limit, period, now)
             mine.append(start)

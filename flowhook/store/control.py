@@ -55,7 +55,6 @@ __all__ = [
     "free_slot",
     "free_slots",
     "reserved_starts",
-    "started_within",
     "joinable",
     "join",
     "held_counts",
@@ -209,41 +208,24 @@ async def free_slots(conn: AsyncConnection, ended: Iterable[Run], now: datetime)
 
 
 async def reserved_starts(
-    conn: AsyncConnection, flow_id: str, key: str, limit: int
+    conn: AsyncConnection,
+    flow_id: str,
+    key: str,
+    limit: int,
+    *,
+    started_since: datetime | None = None,
 ) -> list[datetime]:
-    """The latest ``limit`` starts a throttle reserved for ``key``, latest first. Call after
-    :func:`lock`."""
-    q = (
-        select(runs.c.throttle_at)
-        .where(
-            runs.c.flow_id == flow_id,
-            runs.c.throttle_key == key,
-            text("runs.throttle_at IS NOT NULL"),
-        )
-        .order_by(runs.c.throttle_at.desc())
-        .limit(limit)
+    """The latest ``limit`` starts a throttle reserved for ``key``, latest first; with
+    ``started_since``, only those of runs that really started after it (a started run's
+    ``throttle_at`` is its start). Call after :func:`lock`."""
+    q = select(runs.c.throttle_at).where(
+        runs.c.flow_id == flow_id,
+        runs.c.throttle_key == key,
+        text("runs.throttle_at IS NOT NULL"),
     )
-    return list((await conn.execute(q)).scalars())
-
-
-async def started_within(
-    conn: AsyncConnection, flow_id: str, key: str, since: datetime, limit: int
-) -> list[datetime]:
-    """The latest ``limit`` starts of ``key``'s runs that really started after ``since``,
-    latest first (a run's ``throttle_at`` is its start once it started). Call after
-    :func:`lock`."""
-    q = (
-        select(runs.c.throttle_at)
-        .where(
-            runs.c.flow_id == flow_id,
-            runs.c.throttle_key == key,
-            text("runs.throttle_at IS NOT NULL"),
-            runs.c.throttle_at > since,
-            runs.c.started_at.is_not(None),
-        )
-        .order_by(runs.c.throttle_at.desc())
-        .limit(limit)
-    )
+    if started_since is not None:
+        q = q.where(runs.c.throttle_at > started_since, runs.c.started_at.is_not(None))
+    q = q.order_by(runs.c.throttle_at.desc()).limit(limit)
     return list((await conn.execute(q)).scalars())
 
 
