@@ -219,6 +219,9 @@ _partial(  # a throttle's reserved starts, latest last
 _partial(  # the run a debounced execute may still join
     "ix_runs_debounce", "held = 'debounce'", runs.c.flow_id, runs.c.debounce_key
 )
+_partial(  # a run's parts (branches, map items): nested approvals and targeted signals
+    "ix_runs_root", "root_run_id IS NOT NULL", runs.c.root_run_id
+)
 
 run_steps = Table(
     "run_steps",
