@@ -4,8 +4,11 @@ processes, streams read with a plain HTTP client and compared with the stored ev
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import sqlite3
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support import Server, serve, worker
+from tests.support import FLOWHOOK, Server, secret_key_env, serve, worker
 
 pytestmark = pytest.mark.e2e
 
@@ -274,3 +277,97 @@ def test_sigterm_with_open_streams_exits_promptly(
         for t in threads:
             t.join(timeout=10)
         assert sorted(ended) == ["ended", "ended"]
+
+
+def new_key(database_url: str) -> str:
+    out = subprocess.run(
+        [FLOWHOOK, "keys", "create", "--mode", "test", "--json", "--database-url", database_url],
+        env={**os.environ, **secret_key_env(database_url)},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return str(json.loads(out.stdout)["key"])
+
+
+def test_api_and_worker_processes_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    """The worker commits the events; the API process hears of them by NOTIFY."""
+    key = new_key(pg_url)
+    with (
+        serve(tmp_path, pg_url, "api", **ENV) as api,
+        worker(tmp_path, pg_url, **ENV),
+        httpx.Client(base_url=api.base, timeout=30) as c,
+    ):
+        flow_id = naps_flow(c, key, steps=3, seconds=0.3)
+        run_id = start(c, key, flow_id)
+        with c.stream("GET", f"/api/v1/flows/runs/{run_id}/stream", headers=auth(key)) as s:
+            raw = s.read()
+        # The stream opened while the run was still going: most events came live.
+        assert events_only(parse(raw)) == stored(pg_url, run_id)
+        assert [e[1] for e in events_only(parse(raw))][-1] == "flow.completed"
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+STREAMS = 200
+RUNS = 20
+RSS_BOUND_KIB = 96 * 1024
+"""What 200 open streams (and the events they carry) may add to the API process's memory."""
+
+
+def test_200_streams_on_one_process_get_every_event(tmp_path: Path, database_url: str) -> None:
+    env = {**ENV, "FLOWHOOK_MAX_STREAMS_PER_KEY": str(STREAMS), "FLOWHOOK_RATE_LIMIT": "0"}
+    with serve(tmp_path, database_url, **env) as server:
+        key = server.value("sandbox key")
+        with httpx.Client(base_url=server.base, timeout=30) as c:
+            flow_id = naps_flow(c, key, steps=2, seconds=0)
+            start(c, key, flow_id)  # warm up: the first run's costs are not the streams'
+        before = rss_kib(server.proc.pid)
+        got, peak = asyncio.run(_many_streams(server, key, flow_id))
+        after = rss_kib(server.proc.pid)
+    runs = set(got.pop("runs"))
+    wanted = [e for e in stored(database_url) if any(r in e[2].decode() for r in runs)]
+    assert len(wanted) == RUNS * 4
+    for received in got.values():
+        assert received == wanted  # every stream, every event, in commit order
+    print(f"RSS before {before} KiB, with {STREAMS} streams {peak} KiB, after {after} KiB")
+    assert peak - before < RSS_BOUND_KIB
+
+
+async def _many_streams(server: Server, key: str, flow_id: str) -> tuple[dict[str, Any], int]:
+    limits = httpx.Limits(max_connections=STREAMS + 10, max_keepalive_connections=STREAMS + 10)
+    async with httpx.AsyncClient(base_url=server.base, timeout=60, limits=limits) as c:
+        opened = 0
+        all_open = asyncio.Event()
+        results: dict[str, Any] = {}
+        runs: list[str] = []
+
+        async def follow(i: int) -> None:
+            nonlocal opened
+            buf = b""
+            async with c.stream("GET", "/api/v1/events/stream", headers=auth(key)) as s:
+                assert s.status_code == 200
+                opened += 1
+                if opened == STREAMS:
+                    all_open.set()
+                async for chunk in s.aiter_raw():
+                    buf += chunk
+                    if buf.count(b"event: flow.completed") >= RUNS:
+                        break
+            results[str(i)] = events_only(parse(buf))
+
+        tasks = [asyncio.create_task(follow(i)) for i in range(STREAMS)]
+        await all_open.wait()
+        for _ in range(RUNS):
+            r = await c.post("/api/v1/flows/execute", json={"flow_id": flow_id}, headers=auth(key))
+            runs.append(r.json()["run_id"])
+        peak = 0
+        while not all(t.done() for t in tasks):
+            peak = max(peak, rss_kib(server.proc.pid))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        results["runs"] = runs
+        return results, peak
