@@ -333,14 +333,17 @@ class EventHub:
 
     async def _run(self) -> None:
         failures = 0
+        clock = asyncio.get_running_loop().time
+        due = clock() + self._poll  # the next catch-up read, however busy the hub is
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._poll):
+                async with asyncio.timeout(max(0.0, due - clock())):
                     await self._wake.wait()
-            timed_out = not self._wake.is_set()
             self._wake.clear()
             floor, self._floor = self._floor, None
-            lookback, self._lookback = self._lookback or timed_out, False
+            lookback, self._lookback = self._lookback or clock() >= due, False
+            if lookback:
+                due = clock() + self._poll
             if self._count == 0:
                 self._seen.clear()
                 continue

@@ -182,3 +182,29 @@ def test_the_message_carries_the_envelope_as_stored() -> None:
     assert sse_message(e) == (
         b"id: " + e.id.encode() + b"\nevent: flow.step_completed\ndata: " + e.body + b"\n\n"
     )
+
+
+async def test_the_catch_up_read_runs_however_busy_the_hub_is(
+    db: Database, other: Database
+) -> None:
+    """Wake-ups from this process never stop, and another process's event whose id is older
+    than those already read still arrives (on SQLite only the catch-up read finds it)."""
+    hub = await started(db, poll_interval=0.3)
+    busy = True
+
+    async def keep_busy() -> None:
+        while busy:
+            await commit(db, [event("run_busy")])
+            await asyncio.sleep(0.02)
+
+    chatter = asyncio.create_task(keep_busy())
+    try:
+        sub = hub.subscribe(WHO, run_id="run_quiet")
+        quiet = event("run_quiet")  # made now, committed after newer ones were read
+        await asyncio.sleep(0.2)
+        await commit(other, [quiet])
+        assert [e.id for e in await received(sub, 1)] == [quiet.id]
+    finally:
+        busy = False
+        await chatter
+        await hub.stop()
