@@ -133,7 +133,8 @@ class Subscription:
         self.event_type = event_type
         self.since = since
         """Only events with a higher id (a stream of what happens from now on)."""
-        self.pending: collections.deque[Event] = collections.deque()
+        self.pending: collections.deque[tuple[Event, bytes]] = collections.deque()
+        """Events not yet sent, each with its message (made once for every stream)."""
         self.ready = asyncio.Event()
         self.ended = False
         """Set when the hub lets go: the server is stopping, or the client fell behind."""
@@ -152,13 +153,13 @@ class Subscription:
             and (self.event_type is None or e.type == self.event_type)
         )
 
-    def offer(self, e: Event) -> bool:
+    def offer(self, e: Event, message: bytes) -> bool:
         """Queue ``e``; ``False`` (and the stream is over) when the queue is full."""
         if len(self.pending) >= self._limit:
             self.dropped = True
             self.end()
             return False
-        self.pending.append(e)
+        self.pending.append((e, message))
         self.ready.set()
         return True
 
@@ -166,7 +167,7 @@ class Subscription:
         self.ended = True
         self.ready.set()
 
-    async def next_batch(self, timeout: float) -> list[Event]:
+    async def next_batch(self, timeout: float) -> list[tuple[Event, bytes]]:
         """The queued events, waiting up to ``timeout`` seconds for one ([] on timeout or
         when the stream ended)."""
         if not self.pending and not self.ended:
@@ -407,8 +408,12 @@ class EventHub:
             targets = list(self._by_scope.get((e.workspace_id, e.mode), ()))
             if e.run_id is not None and e.run_id in self._by_run:
                 targets += self._by_run[e.run_id]
+            message: bytes | None = None
             for sub in targets:
-                if sub.wants(e) and not sub.offer(e):
+                if not sub.wants(e):
+                    continue
+                message = message or sse_message(e)
+                if not sub.offer(e, message):
                     log.info("event streams: a client fell behind; its stream is closed")
                     self.unsubscribe(sub)
 
@@ -436,12 +441,11 @@ async def run_messages(
             async with db.read() as conn:
                 status = await events_store.run_status(conn, run_id)
                 history = await events_store.list_events_for_run(conn, run_id, after=last)
-            for e in history:
-                if e.id not in sent:
-                    sent.add(e.id)
-                    yield sse_message(e)
-                    if e.type in TERMINAL_EVENTS:
-                        return
+            chunk, terminal = _unsent(history, sent)
+            if chunk:
+                yield chunk
+            if terminal:
+                return
             last = max([last or "", *(e.id for e in history)]) or None
             if status is None or status in ("completed", "failed", "cancelled"):
                 return  # finished (its terminal event, if any, was in the history)
@@ -456,10 +460,25 @@ async def run_messages(
         hub.unsubscribe(sub)
 
 
+def _unsent(history: list[Event], sent: set[str]) -> tuple[bytes, bool]:
+    """The messages of a run's events not sent yet, as one chunk, up to its terminal event;
+    and whether that was in it."""
+    chunk: list[bytes] = []
+    for e in history:
+        if e.id in sent:
+            continue
+        sent.add(e.id)
+        chunk.append(sse_message(e))
+        if e.type in TERMINAL_EVENTS:
+            return b"".join(chunk), True
+    return b"".join(chunk), False
+
+
 async def _live(sub: Subscription, sent: set[str], heartbeat: float) -> AsyncIterator[bytes]:
     """The subscription's events as messages until a heartbeat passes with none (one
     comment line, then this ends so the caller may look at the store) or the stream ends.
-    Yields an empty chunk after a run's terminal event."""
+    Each batch of events is one chunk (one write); an empty chunk follows a run's terminal
+    event."""
     while not sub.ended:
         batch = await sub.next_batch(heartbeat)
         if sub.dropped:
@@ -468,14 +487,18 @@ async def _live(sub: Subscription, sent: set[str], heartbeat: float) -> AsyncIte
             if not sub.ended:
                 yield HEARTBEAT
             return
-        for e in batch:
+        chunk: list[bytes] = []
+        for e, message in batch:
             if e.id in sent:
                 continue
             sent.add(e.id)
-            yield sse_message(e)
+            chunk.append(message)
             if sub.run_id is not None and e.type in TERMINAL_EVENTS:
+                yield b"".join(chunk)
                 yield b""
                 return
+        if chunk:
+            yield b"".join(chunk)
 
 
 async def scope_messages(
@@ -497,10 +520,9 @@ async def scope_messages(
                     conn, sub.workspace_id, sub.mode, after, limit=HISTORY_BATCH,
                     flow_id=sub.flow_id, event_type=sub.event_type,
                 )  # fmt: skip
-            for e in history:
-                if e.id >= recent:  # the hub may hand these over too
-                    sent.add(e.id)
-                yield sse_message(e)
+            sent.update(e.id for e in history if e.id >= recent)  # the hub may hand these over
+            if history:
+                yield b"".join(sse_message(e) for e in history)
             after = history[-1].id if len(history) == HISTORY_BATCH else None
         while not sub.ended:
             async for chunk in _live(sub, sent, heartbeat):

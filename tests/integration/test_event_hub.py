@@ -43,7 +43,7 @@ async def received(sub: Subscription, count: int) -> list[Event]:
     got: list[Event] = []
     async with asyncio.timeout(20):
         while len(got) < count:
-            got += await sub.next_batch(1.0)
+            got += [e for e, _ in await sub.next_batch(1.0)]
     return got
 
 
