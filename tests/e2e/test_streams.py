@@ -7,9 +7,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -378,3 +380,45 @@ async def _many_streams(server: Server, key: str, flow_id: str) -> tuple[dict[st
         await asyncio.gather(*tasks)
         results["runs"] = runs
         return results, peak
+
+
+def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_url: str) -> None:
+    """A stream whose client stops reading is closed once its queue is full, not buffered
+    without limit: the client finds the end of the connection after what was sent."""
+    env = {**ENV, "FLOWHOOK_STREAM_QUEUE": "5", "FLOWHOOK_RATE_LIMIT": "0"}
+    with serve(tmp_path, database_url, **env) as server:
+        key = server.value("sandbox key")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        sock.connect(("127.0.0.1", int(server.base.rsplit(":", 1)[1])))
+        sock.sendall(
+            b"GET /api/v1/events/stream HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {key}\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200")
+        with httpx.Client(base_url=server.base, timeout=30) as c:
+            flow_id = naps_flow(c, key, steps=6, seconds=0)
+            runs = [start(c, key, flow_id) for _ in range(300)]  # 2,400 events unread
+            for _ in range(600):
+                if c.get(f"/api/v1/flows/runs/{runs[-1]}", headers=auth(key)).json()["status"] in (
+                    "completed",
+                    "failed",
+                ):
+                    break
+                time.sleep(0.1)
+        # Read what was sent; a stream that was not cut goes on (heartbeats) past the guard.
+        sock.settimeout(5)
+        body, closed, guard = b"", False, time.monotonic() + 60
+        while time.monotonic() < guard:
+            chunk = sock.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            body += chunk
+        sock.close()
+        assert closed
+        received = body.count(b"\nevent: ")
+        assert 0 < received < 300 * 8  # cut short

@@ -59,7 +59,9 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(
             body,
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            # Connection: close, so a stream that ends (its run's end, a client fallen behind,
+            # the server stopping) closes its connection too.
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "close"},
         )
         self._hub = hub
         self._sub = sub
