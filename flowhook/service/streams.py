@@ -274,8 +274,8 @@ class EventHub:
         event_type: str | None = None,
         after: str | None = None,
     ) -> Subscription:
-        """A new stream's subscription; 429 when ``who``'s key holds its share already. A
-        workspace stream gets the events after ``after``, or from now on."""
+        """A new stream's subscription; 429 when ``who``'s key holds its share already. It
+        gets only events after ``after``; a workspace stream without it, from now on."""
         if self._per_key[who.key_id] >= self._max_per_key:
             raise RateLimited(
                 f"this API key has {self._max_per_key} streams open, the most it may have "
@@ -283,7 +283,8 @@ class EventHub:
                 retry_after=1,
             )
         now = id_floor("evt", _now_ms())
-        since = None if run_id is not None else (after or now)
+        # A run's stream dedupes against its history; ``after`` bounds both kinds.
+        since = after if run_id is not None else (after or now)
         sub = Subscription(
             who, self._queue_size, run_id=run_id, flow_id=flow_id, event_type=event_type,
             since=since,

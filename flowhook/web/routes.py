@@ -424,8 +424,9 @@ async def run(run_id: str, p: Page = PageDep) -> Response:
 @router.get("/runs/{run_id}/stream")
 async def run_stream(run_id: str, p: Page = PageDep) -> Response:
     """The run's events as Server-Sent Events, for its page (the API's stream, signed in
-    with the session instead of a key)."""
-    last = p.request.headers.get("last-event-id")
+    with the session instead of a key). ``?after=`` is the last event the page was drawn
+    with, so the stream starts after it (``Last-Event-ID``, on a reconnect, wins)."""
+    last = p.request.headers.get("last-event-id") or p.request.query_params.get("after")
     return await open_run_stream(p.request, p.services, p.who, run_id, last)
 
 

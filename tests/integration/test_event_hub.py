@@ -208,3 +208,21 @@ async def test_the_catch_up_read_runs_however_busy_the_hub_is(
         busy = False
         await chatter
         await hub.stop()
+
+
+async def test_a_stream_never_gets_what_it_resumed_after(db: Database) -> None:
+    """The catch-up read hands out recent events the hub had not seen (it read nothing while
+    no stream was open); a run stream resuming after one of them does not get it again."""
+    old = [event("run_1"), event("run_1")]
+    await commit(db, old)
+    hub = await started(db, poll_interval=0.1)
+    try:
+        resumed = hub.subscribe(WHO, run_id="run_1", after=old[1].id)
+        fresh = hub.subscribe(WHO, run_id="run_1")  # dedupes against its history instead
+        got = await received(fresh, 2)  # the catch-up read came
+        assert [e.id for e in got] == [e.id for e in old]
+        new = event("run_1")
+        await commit(db, [new])
+        assert [e.id for e in await received(resumed, 1)] == [new.id]
+    finally:
+        await hub.stop()

@@ -136,7 +136,7 @@ async def open_run_stream(
     after = check_last_event_id(last_event_id)
     await services.runs.get(who, run_id, nested=False)
     hub = hub_of(request)
-    sub = hub.subscribe(who, run_id=run_id)
+    sub = hub.subscribe(who, run_id=run_id, after=after)
     heartbeat = services.settings.stream_heartbeat
     body = run_messages(hub, services.db, sub, after=after, heartbeat=heartbeat)
     return EventStreamResponse(body, hub, sub)
