@@ -589,5 +589,6 @@ def test_the_run_page_follows_the_run_s_stream(app: Server, page: Any) -> None:
     page.wait_for_selector("#run-status[data-status=completed]")
     page.wait_for_selector("li[data-step=done].completed")
     assert page.evaluate("window.notReloaded") is True  # the same page, changed in place
+    assert page.get_attribute("#run", "data-live") == "stream"  # not the polling fallback
     shot(page, "27-run-live-completed")
     api.close()

@@ -76,6 +76,7 @@
       continue;
     }
     const source = new EventSource(element.dataset.stream);
+    source.addEventListener("open", () => (element.dataset.live = "stream"));
     let busy = false;
     let again = false;
     const render = async () => {
@@ -104,6 +105,7 @@
     }
     source.addEventListener("error", () => {
       source.close(); // the stream broke (server restarting, signed out): poll instead
+      element.dataset.live = "polling";
       poll(element, element.dataset.partial);
     });
   }
