@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from flowhook import tracing
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
@@ -63,6 +64,7 @@ def create_app(
         )
         runtime: Runtime | None = None
         revocations: RevocationWatch | None = None
+        tracing.start(settings.otel_endpoint)
         try:
             if run_migrations:
                 await migrate(db)
@@ -86,6 +88,7 @@ def create_app(
             if revocations is not None:
                 await revocations.stop()
             await db.dispose()
+            tracing.stop()  # exports the spans still buffered
 
     app = FastAPI(
         title="Flowhook",

@@ -13,6 +13,7 @@ import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.definition.control import (
     FlowControl,
@@ -119,6 +120,7 @@ class _StartRequest:
     key: str | None
     digest: str | None
     priority: int | None = None
+    traceparent: str | None = None
 
 
 class RunService:
@@ -144,10 +146,12 @@ class RunService:
         idempotency_key: str | None = None,
         parsed_by_orjson: bool = False,
         priority: int | None = None,
+        traceparent: str | None = None,
     ) -> Started:
         """Queue a run: the run row (its own queue entry) is committed before this returns.
         Concurrent calls share a transaction (group commit). ``parsed_by_orjson``: the
-        payload holds no NaN or Infinity (orjson's parser refuses them)."""
+        payload holds no NaN or Infinity (orjson's parser refuses them). ``traceparent``:
+        the trace context the run joins, checked already (:func:`flowhook.tracing.accept`)."""
         if trigger not in TRIGGERS:
             allowed = ", ".join(repr(t) for t in TRIGGERS)
             raise InvalidInput(
@@ -162,7 +166,15 @@ class RunService:
             priority = check_priority(priority, "priority")
         started = await self._group.submit(
             _StartRequest(
-                who, flow_id, payload, encoded, trigger, idempotency_key, digest, priority
+                who,
+                flow_id,
+                payload,
+                encoded,
+                trigger,
+                idempotency_key,
+                digest,
+                priority,
+                traceparent,
             )
         )
         if not started.replayed:
@@ -251,6 +263,7 @@ class RunService:
                 status=RunStatus.QUEUED,
                 payload=req.payload,
                 queued_at=now,
+                traceparent=req.traceparent,
             )
             if control is not None and keys is not None:
                 run.priority = keys.priority
@@ -365,6 +378,10 @@ class RunService:
                 next_step=plan.start,
                 rerun_of=original.run_id,
                 steps=plan.reused,
+                # the rerun joins the trace of the run it reruns, under that run's span
+                traceparent=tracing.child_traceparent(
+                    original.run_id, original.traceparent, tracing.run_span_id(original.run_id)
+                ),
             )
             await self._rerun_keys(flow, run)
             await runs_store.insert_runs(

@@ -180,6 +180,9 @@ runs = Table(
     Column("throttle_key", String(255)),
     _at("throttle_at", required=False),
     Column("debounce_key", String(255)),
+    # The W3C trace context the run's span lives under (flowhook/tracing.py); NULL: a trace
+    # of its own, derived from run_id.
+    Column("traceparent", String(55)),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
