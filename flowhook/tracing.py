@@ -30,8 +30,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from flowhook.store.models import Run
 
 __all__ = [
     "ENABLED",
@@ -49,9 +52,12 @@ __all__ = [
     "accepted_span",
     "child_traceparent",
     "start",
+    "flush",
     "stop",
     "http_attributes",
     "emit",
+    "run_attributes",
+    "run_span",
 ]
 
 log = logging.getLogger("flowhook.tracing")
@@ -235,6 +241,13 @@ def start(endpoint: str | None) -> bool:
     return True
 
 
+def flush() -> None:
+    """Export the spans buffered now (the batch exporter otherwise sends them within
+    ``OTEL_BSP_SCHEDULE_DELAY``)."""
+    if _provider is not None:
+        _provider.force_flush()
+
+
 def stop() -> None:
     """Export what is left and turn the export off."""
     global ENABLED, _provider, _tracer
@@ -322,4 +335,37 @@ def accepted_span(
             "url.path": "/api/v1/flows/execute", "http.response.status_code": status,
             "flowhook.run_id": run_id, "flowhook.flow_id": flow_id,
         },
+    )  # fmt: skip
+
+
+def run_attributes(run: Run) -> dict[str, Any]:
+    """``flowhook.run_id`` is the run people see (a part's root run); a part names itself
+    in ``flowhook.part_id``."""
+    attributes: dict[str, Any] = {
+        "flowhook.run_id": run.root_run_id or run.run_id,
+        "flowhook.flow_id": run.flow_id,
+        "flowhook.flow_version": run.flow_version,
+    }
+    if run.root_run_id is not None:
+        attributes["flowhook.part_id"] = run.run_id
+    return attributes
+
+
+def run_span(run: Run, status: str, error: dict[str, Any] | None, now: datetime) -> None:
+    """Export the span of a run row that ended ``status`` (``error``: the run's, when it
+    failed): from its queueing to its end, under the context it stored (the accept span,
+    the step that started it, or none: a root span)."""
+    attributes = {**run_attributes(run), "flowhook.run.status": str(status)}
+    attributes["flowhook.trigger"] = run.trigger
+    failure = None
+    if status == "failed":
+        failure = str((error or {}).get("type", "failed"))
+    elif status == "cancelled":
+        failure = "cancelled"
+    name = "part" if run.root_run_id is not None else "run"
+    emit(
+        f"{name} {run.flow_id}", trace=run_trace(run.run_id, run.traceparent),
+        span_id=run_span_id(run.run_id), start_at=run.queued_at, end_at=now,
+        kind="consumer" if name == "run" else "internal", attributes=attributes, error=failure,
+        remote_parent=True,
     )  # fmt: skip

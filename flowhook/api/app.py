@@ -77,10 +77,7 @@ def create_app(
                 if seeded is not None:
                     on_bootstrap(seeded)
             if run_worker:
-                runtime = Runtime(db, clock, settings, services)
-                await runtime.start()
-                app.state.worker = runtime.worker
-                app.state.dispatcher = runtime.dispatcher
+                runtime = await _run_worker(app, Runtime(db, clock, settings, services))
             yield
         finally:
             if runtime is not None:
@@ -123,6 +120,14 @@ def create_app(
         fast_posts={EXECUTE_PATH: handle_execute},  # the hottest route, ahead of FastAPI's
     )
     return app
+
+
+async def _run_worker(app: FastAPI, runtime: Runtime) -> Runtime:
+    """Start the in-process worker, named on ``app.state`` (tests reach it there)."""
+    await runtime.start()
+    app.state.worker = runtime.worker
+    app.state.dispatcher = runtime.dispatcher
+    return runtime
 
 
 def api_app() -> FastAPI:

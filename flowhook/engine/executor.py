@@ -270,7 +270,7 @@ class Executor:
         if not await self._apply(progress):
             raise self._lost(run, steps, events)
         if end.terminal and tracing.ENABLED:
-            spans.run_span(run, end, changes[-1].values, self._clock.now())
+            tracing.run_span(run, end, changes[-1].values.get("error"), self._clock.now())
 
     def _lost(self, run: Run, steps: list[RunStep], events: list[Event]) -> runs_store.LeaseLost:
         """The error for a write of ``run`` its guard refused. A part keeps what the write

@@ -510,12 +510,17 @@ class RunService:
                 await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
                 if run.parent_run_id is not None:
                     await children_store.wake_parent(conn, run.parent_run_id, now)
-                return run
-            run = await self._unfinished(conn, who, run_id)  # a worker holds it, or it ended
-            if run.cancel_requested_at is None:
-                await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
-                run.cancel_requested_at = now
-        self._wakeup.notify()
+            else:
+                ended = []
+                run = await self._unfinished(conn, who, run_id)  # a worker holds it, or ended
+                if run.cancel_requested_at is None:
+                    await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
+                    run.cancel_requested_at = now
+        if ended and tracing.ENABLED:  # no worker holds them: their spans end here
+            for r in ended:
+                tracing.run_span(r, "cancelled", None, now)
+        if not ended:
+            self._wakeup.notify()
         return run
 
     async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:
