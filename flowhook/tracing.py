@@ -22,6 +22,7 @@ an attribute or exports anything.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -113,18 +114,30 @@ def _digest(text: str, size: int) -> str:
     return value if value.strip("0") else "0" * (2 * size - 1) + "1"  # never all zeros
 
 
+@functools.lru_cache(maxsize=4096)
+def _derived(run_id: str) -> tuple[str, str]:
+    """(trace id, run span id) derived from a run id, in one hash: a run's events are
+    delivered several times over, each delivery asking for both."""
+    value = _digest(run_id, 24)
+    trace_id, span_id = value[:32], value[32:]
+    if not trace_id.strip("0"):
+        trace_id = trace_id[:-1] + "1"
+    return trace_id, span_id if span_id.strip("0") else span_id[:-1] + "1"
+
+
 def run_trace(run_id: str, stored: str | None) -> TraceParent:
     """The context a run's span lives under: its stored ``traceparent``, or for a run that
     has none a trace of its own (trace id derived from ``run_id``, no parent: the run span
     is the root)."""
-    found = parse(stored)
-    if found is not None:
-        return found
-    return TraceParent(_digest(run_id, 16), _ZERO_SPAN, "01")
+    if stored is not None:
+        found = parse(stored)
+        if found is not None:
+            return found
+    return TraceParent(_derived(run_id)[0], _ZERO_SPAN, "01")
 
 
 def run_span_id(run_id: str) -> str:
-    return _digest(f"{run_id}/run", 8)
+    return _derived(run_id)[1]
 
 
 def step_span_id(row_id: str, idx: int, attempt: int) -> str:
