@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from flowhook import tracing
 from tests.conftest import Api, Receiver
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -169,14 +168,3 @@ async def test_an_inbound_hook_s_run_takes_the_sender_s_traceparent(
     run_id = r.json()["run_id"]
     assert (await api.wait(run_id))["trace_id"] == TRACE
     assert {traced(r)[0] for r in receiver.requests} == {TRACE}
-
-
-def test_parse_keeps_the_sampled_flag_and_reads_later_versions() -> None:
-    assert tracing.parse(f"00-{TRACE}-{PARENT}-00") == tracing.TraceParent(TRACE, PARENT, "00")
-    assert tracing.parse(f"00-{TRACE}-{PARENT}-03") == tracing.TraceParent(TRACE, PARENT, "01")
-    assert tracing.parse(f"01-{TRACE}-{PARENT}-01-what-comes-next") == tracing.TraceParent(
-        TRACE, PARENT, "01"
-    )
-    assert tracing.parse(f"01-{TRACE}-{PARENT}-01x") is None
-    assert tracing.parse(None) is None and tracing.parse("") is None
-    assert tracing.parse(f" 00-{TRACE}-{PARENT}-01\t") is not None  # optional whitespace
