@@ -245,7 +245,9 @@ def start(endpoint: str | None) -> bool:
             chosen = _chosen.get()
             return chosen[0] if chosen else super().generate_trace_id()
 
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "flowhook")})
+    resource = Resource.create()  # reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "flowhook"}))
     _provider = TracerProvider(resource=resource, id_generator=ChosenIds())
     _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _tracer = _provider.get_tracer("flowhook")
