@@ -513,3 +513,52 @@ async def test_a_signal_to_the_run_resumes_each_item_s_wait_and_an_item_s_approv
     assert r.status_code == 409 and r.json()["code"] == "ambiguous_step", r.text
     assert "2 items" in r.json()["error"]
     assert (await api.post(f"/api/v1/flows/runs/{run_id}/cancel")).status_code in (200, 202)
+
+
+async def test_steps_of_a_parallel_inside_a_branch_are_reached_after_the_outer_one(
+    api: Api,
+) -> None:
+    """`steps.<id>` reaches any finished step: those of a parallel nested in a branch too."""
+    flow = {
+        "name": "deep",
+        "steps": [
+            {
+                "id": "outer",
+                "type": "parallel",
+                "branches": {
+                    "a": [
+                        {
+                            "id": "inner",
+                            "type": "parallel",
+                            "branches": {
+                                "x": [{"id": "x1", "type": "transform", "output": {"v": 1}}],
+                                "y": [{"id": "y1", "type": "transform", "output": {"v": 2}}],
+                            },
+                        },
+                        {
+                            "id": "a2",
+                            "type": "transform",
+                            "output": {"s": "{{ steps.inner.output.x.v + steps.x1.output.v }}"},
+                        },
+                    ],
+                    "b": [{"id": "b1", "type": "transform", "output": {"v": 3}}],
+                },
+            },
+            {
+                "id": "after",
+                "type": "transform",
+                "output": {
+                    "i": "{{ steps.inner.output.y.v }}",
+                    "x": "{{ steps.x1.output.v }}",
+                    "a2": "{{ steps.a2.output.s }}",
+                    "b": "{{ steps.b1.output.v }}",
+                },
+            },
+        ],
+        "output": {"r": "{{ steps.after.output }}"},
+    }
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {})
+    done = await api.wait(run_id)
+    assert done["status"] == "completed", done
+    assert done["output"] == {"r": {"i": 2, "x": 1, "a2": 2, "b": 3}}
