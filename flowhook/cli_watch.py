@@ -189,7 +189,7 @@ class Board:
             (run.run_id, "bold"), f"  flow {run.flow_id}  ", (run.status, style), f"  {took}"
         )
         nested = any(r.parent is not None for r in self.rows.values())
-        table = Table("step", "type", "status", "duration", title=title, title_justify="left")
+        table = Table("step", "type", "status", "duration")
         if nested:
             table.add_column("parent")
             table.add_column("branch/index")
@@ -205,8 +205,8 @@ class Board:
                 cells += [row.parent or "", row.where]
             table.add_row(*cells)
         if not self.rows:
-            return Group(table, Text("no steps yet", "dim"))
-        return table
+            return Group(title, table, Text("no steps yet", "dim"))
+        return Group(title, table)
 
 
 def event_line(event: StreamEvent) -> str:
