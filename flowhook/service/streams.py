@@ -1,10 +1,11 @@
 """Live event streams (Server-Sent Events): one hub per API process fans the events that any
 process commits out to the streams open on this one.
 
-The hub hears of a commit from this process at once (``Database.on_events``) and from other
-processes by PostgreSQL NOTIFY on :data:`~flowhook.store.events.EVENTS_CHANNEL`; either
-tells it the lowest event id the transaction wrote. It then reads the events from there,
-once for all its streams, and hands each stream the ones it wants. An id is made before its
+On PostgreSQL the hub hears of every commit by NOTIFY on
+:data:`~flowhook.store.events.EVENTS_CHANNEL`; on SQLite, of this process's commits at once
+(``Database.on_events``). Either tells it the lowest event id the transaction wrote. It then
+reads the events from there, once for all its streams, and hands each stream the ones it
+wants. An id is made before its
 transaction commits, so ids do not commit in order: reading from the transaction's lowest id
 (not from the highest id seen) and remembering the ids already handed out for
 :data:`HORIZON_MS` keeps a late commit from being skipped or sent twice. A catch-up read of
@@ -237,8 +238,9 @@ class EventHub:
 
     async def start(self) -> None:
         self.closing = False
-        self._db.on_events = self.announce
-        if not self._db.is_sqlite:
+        if self._db.is_sqlite:
+            self._db.on_events = self.announce
+        else:  # NOTIFY tells this process too: the in-process signal would double the reads
             self._listener = _Announcements(self._db.url.replace("+asyncpg", ""), self.announce)
             await self._listener.start()
         self._task = asyncio.create_task(self._run(), name="flowhook-event-hub")
