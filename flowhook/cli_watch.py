@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from flowhook.client import APIError, Client, FlowhookClientError, Run, StreamEvent
+from flowhook.client import APIError, Client, FlowhookClientError, Run, StreamError, StreamEvent
 
 __all__ = ["EventFeed", "Board", "event_line", "follow", "print_step", "wait_quietly", "watch"]
 
@@ -94,6 +94,11 @@ class EventFeed:
         """``exc`` says the server has no stream of runs (it is older): 404 or 405 for the
         path, before any event."""
         return isinstance(exc, APIError) and exc.status in (404, 405) and self.seen == 0
+
+    def poll_instead(self, exc: Exception) -> bool:
+        """Follow the run by reading it instead: the server has no stream, or the stream
+        kept dropping (the run record still answers what the CLI needs)."""
+        return self.unsupported(exc) or isinstance(exc, StreamError)
 
 
 def _ms(value: Any) -> str:
@@ -272,7 +277,7 @@ def _waiting_for(step: dict[str, Any]) -> str:
 def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:
     """Print steps as they finish or start waiting, until the run ends or ``timeout`` s
     pass: the run is read on each event of its stream and after ``QUIET`` s without one
-    (long-polled 2 s at a time from a server without streams)."""
+    (long-polled 2 s at a time from a server without streams, or once the stream gave up)."""
     shown: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     feed: EventFeed | None = EventFeed(c, run_id)
@@ -288,23 +293,23 @@ def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:
         if feed is not None:
             try:
                 feed.take(min(QUIET, left))
-            except APIError as exc:
-                if not feed.unsupported(exc):
+            except (APIError, StreamError) as exc:
+                if not feed.poll_instead(exc):
                     raise
                 feed = None
 
 
 def wait_quietly(c: Client, run_id: str, timeout: float) -> Run:
     """The run once it has ended (its stream's terminal event), within ``timeout`` s;
-    :class:`FlowhookClientError` if it has not. A server without streams is polled every
-    0.5 s."""
+    :class:`FlowhookClientError` if it has not. A server without streams (or a stream that
+    gave up) is polled every 0.5 s."""
     deadline = time.monotonic() + timeout
     feed = EventFeed(c, run_id)
     while (left := deadline - time.monotonic()) > 0:
         try:
             events = feed.take(min(left, 30.0))
-        except APIError as exc:
-            if not feed.unsupported(exc):
+        except (APIError, StreamError) as exc:
+            if not feed.poll_instead(exc):
                 raise
             return c.wait(run_id, interval=0.5, max_attempts=int(left / 0.5) + 1)
         # quiet for 30 s: a look at the run costs little and ends a wait on a lost stream
@@ -348,8 +353,8 @@ def _live(c: Client, board: Board, feed: EventFeed | None, console: Console) -> 
                 continue
             try:
                 events = feed.take(0.5)
-            except APIError as exc:
-                if not feed.unsupported(exc):
+            except (APIError, StreamError) as exc:
+                if not feed.poll_instead(exc):
                     raise
                 feed = None
                 continue

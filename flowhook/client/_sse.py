@@ -45,6 +45,11 @@ class SSEDecoder:
     def last_event_id(self) -> str | None:
         return self._id
 
+    @property
+    def retry(self) -> int | None:
+        """The reconnection time the stream asked for (ms), even with no message since."""
+        return self._retry
+
     def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         return self._lines(self._text.decode(chunk))
 

@@ -114,10 +114,15 @@ class Resume:
         """Raise it now (the first connection, or an answer no retry changes)?"""
         return not self.opened or error.status not in RETRYABLE
 
+    def feed(self, decoder: SSEDecoder, chunk: bytes) -> list[StreamEvent]:
+        """The new events ``chunk`` completes (the server's ``retry:`` taken on the way)."""
+        messages = decoder.feed(chunk)
+        if decoder.retry is not None:
+            self.backoff = decoder.retry / 1000
+        return [e for e in map(self.take, messages) if e is not None]
+
     def take(self, message: ServerSentEvent) -> StreamEvent | None:
         """The event a message carries, or ``None`` for one delivered before."""
-        if message.retry is not None:
-            self.backoff = message.retry / 1000
         if message.id is not None and message.id in self._seen:
             return None
         try:
@@ -178,12 +183,10 @@ def sync_events(http: httpx.Client, state: Resume, read_timeout: float) -> Itera
                 else:
                     decoder = SSEDecoder()
                     for chunk in r.iter_bytes():
-                        for message in decoder.feed(chunk):
-                            event = state.take(message)
-                            if event is not None:
-                                yield event
-                                if event.terminal:
-                                    return
+                        for event in state.feed(decoder, chunk):
+                            yield event
+                            if event.terminal:
+                                return
                     reason = ENDED
         except httpx.TransportError as exc:
             if not state.opened:
@@ -211,12 +214,10 @@ async def async_events(
                 else:
                     decoder = SSEDecoder()
                     async for chunk in r.aiter_bytes():
-                        for message in decoder.feed(chunk):
-                            event = state.take(message)
-                            if event is not None:
-                                yield event
-                                if event.terminal:
-                                    return
+                        for event in state.feed(decoder, chunk):
+                            yield event
+                            if event.terminal:
+                                return
                     reason = ENDED
         except httpx.TransportError as exc:
             if not state.opened:

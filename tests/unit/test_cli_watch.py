@@ -105,6 +105,15 @@ def test_follow_long_polls_a_server_without_streams() -> None:
     assert server.run_reads[-1] == {"wait": "2"}
 
 
+def test_follow_long_polls_once_the_stream_gave_up() -> None:
+    # every connection ends at once, without an event: the SDK gives up after 5 in a row
+    server = Server([record("running", []), record("completed", [STEP])], b"retry: 1\n\n")
+    out_console, _ = console()
+    with server.client() as c:
+        assert follow(c, RUN, 60, out_console).status == "completed"
+    assert server.run_reads[-1] == {"wait": "2"}
+
+
 @pytest.mark.parametrize("stream", [DONE, None], ids=["stream", "no stream"])
 def test_wait_quietly(stream: bytes | None) -> None:
     server = Server([record("completed", [STEP])], stream)

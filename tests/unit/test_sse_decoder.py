@@ -79,6 +79,11 @@ def test_retry_is_kept_when_it_is_a_number() -> None:
     assert [m.retry for m in got] == [2500, 2500]
 
 
+def test_retry_counts_without_a_message() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"retry: 10\n\n") == [] and decoder.retry == 10
+
+
 def test_an_id_with_a_nul_is_ignored() -> None:
     decoder = SSEDecoder()
     assert [m.id for m in decoder.feed(b"id: a\ndata: 1\n\nid: b\x00c\ndata: 2\n\n")] == ["a", "a"]
