@@ -131,6 +131,10 @@ class Resume:
             raise StreamError(
                 self.run_id, self.last_event_id, f"event {message.id} is not JSON: {exc}"
             ) from exc
+        if not isinstance(data, dict):
+            raise StreamError(
+                self.run_id, self.last_event_id, f"event {message.id} is not a JSON object"
+            )
         if message.id is not None:
             self._seen.add(message.id)
             self.last_event_id = message.id

@@ -215,11 +215,12 @@ def test_an_answer_that_is_not_a_stream_is_an_error() -> None:
         list(client.stream(RUN))
 
 
-def test_data_that_is_not_json_is_a_stream_error() -> None:
+@pytest.mark.parametrize("data", [b"{nope", b"[1]"])
+def test_data_that_is_not_a_json_object_is_a_stream_error(data: bytes) -> None:
     with (
-        Scripted([Reply([b"id: evt_1\ndata: {nope\n\n"])]) as server,
+        Scripted([Reply([b"id: evt_1\ndata: " + data + b"\n\n"])]) as server,
         Client(server.url, "k") as client,
-        pytest.raises(StreamError, match="not JSON"),
+        pytest.raises(StreamError, match=r"evt_1 is not (a )?JSON"),
     ):
         list(client.stream(RUN))
 
