@@ -129,7 +129,6 @@ class Row:
     parent: str | None = None
     branch: str | None = None
     index: int | None = None
-    attempts: int = 0
 
     @property
     def key(self) -> tuple[str | None, str | None, int | None, str]:
@@ -160,7 +159,7 @@ class Board:
             row = Row(
                 step["id"], step["type"], step["status"], step.get("duration_ms"),
                 step.get("started_at"), step.get("parent"), step.get("branch"),
-                step.get("index"), step.get("attempts") or 0,
+                step.get("index"),
             )  # fmt: skip
             self.rows[row.key] = row
 
@@ -172,7 +171,7 @@ class Board:
                 status = "retrying"
             row = Row(
                 str(p.get("step_id")), str(p.get("type")), status, p.get("duration_ms"),
-                None, p.get("parent"), p.get("branch"), p.get("index"), p.get("attempt") or 0,
+                None, p.get("parent"), p.get("branch"), p.get("index"),
             )  # fmt: skip
             self.rows[row.key] = row
         elif event.event == "flow.approval_requested":
