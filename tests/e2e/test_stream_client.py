@@ -1,15 +1,17 @@
 """A run's stream from the client side, against a real ``flowhook serve``: the SDK's sync and
 async ``stream()`` (every event of the run, in order, ending at the terminal one, the same
-bytes the webhooks carry) and ``flowhook runs watch`` (a line per event off a terminal; the
+bytes the webhooks carry; resumed with ``Last-Event-ID`` through a cut connection) and ``flowhook runs watch`` (a line per event off a terminal; the
 live table under tmux, whose screen is captured into test-artifacts/)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -295,3 +297,78 @@ def test_a_run_started_with_wait_prints_what_it_did(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done
         assert json.loads(done.stdout)["status"] == "completed"
+
+
+class Cutter:
+    """A TCP relay to the server on 127.0.0.1 that can cut every connection through it at
+    once, as a proxy restarting would; it keeps each connection's request head."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = upstream_port
+        self.heads: list[bytes] = []
+        self.open: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.open += [client, server]
+            first = [True]
+            threading.Thread(target=self._pump, args=(client, server, first), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, [False]), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, first: list[bool]) -> None:
+        try:
+            while data := source.recv(65536):
+                if first[0]:
+                    self.heads.append(data)
+                    first[0] = False
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def cut(self) -> None:
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.open = []
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_sdk_stream_resumes_through_a_cut_connection(tmp_path: Path, database_url: str) -> None:
+    with (
+        serve(tmp_path, database_url, **ENV) as server,
+        Client(server.base, server.value("sandbox key")) as client,
+    ):
+        relay = Cutter(int(server.base.rsplit(":", 1)[1]))
+        try:
+            flow_id = client.create_flow(FLOW)["flow_id"]
+            run_id = client.execute(flow_id, {"n": 4}).run_id
+            until("the run waits for its signal", lambda: held(client, run_id))
+            with Client(f"http://127.0.0.1:{relay.port}", server.value("sandbox key")) as far:
+                stream = far.stream(run_id)
+                got = [next(stream), next(stream)]  # flow.started, prepare: all there is yet
+                assert [e.event for e in got] == ["flow.started", "flow.step_completed"]
+                relay.cut()  # the connection drops while the run waits
+                client.send_signal("go", {"n": 4}, run_id=run_id)
+                got += list(stream)
+        finally:
+            relay.close()
+        check_run_events(got, run_id)
+        assert [e.id for e in got] == [e.id for e in client.stream(run_id)]
+        assert len(relay.heads) == 2, relay.heads
+        assert f"last-event-id: {got[1].id}".encode() in relay.heads[1].lower()
+        assert b"last-event-id" not in relay.heads[0].lower()
