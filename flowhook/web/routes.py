@@ -20,6 +20,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.responses import RedirectResponse, Response
 
 from flowhook.api.deps import ServicesDep
+from flowhook.api.routes.streams import open_run_stream
 from flowhook.clock import isoformat
 from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import EVENT_TYPES
@@ -421,6 +422,14 @@ async def run(run_id: str, p: Page = PageDep) -> Response:
     return await _run_page(p, run_id)
 
 
+@router.get("/runs/{run_id}/stream")
+async def run_stream(run_id: str, p: Page = PageDep) -> Response:
+    """The run's events as Server-Sent Events, for its page (the API's stream, signed in
+    with the session instead of a key)."""
+    last = p.request.headers.get("last-event-id")
+    return await open_run_stream(p.request, p.services, p.who, run_id, last)
+
+
 async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = None) -> Response:
     r = await p.services.runs.get(p.who, run_id)
     events = await p.services.runs.events(p.who, run_id)
@@ -442,6 +451,7 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
         deliveries=sent.data,
         notice=p.request.query_params.get("notice"),
         error=error,
+        stream_events=" ".join(EVENT_TYPES),
     )
 
 

@@ -584,3 +584,49 @@ def test_an_endpoint_s_pace_order_and_flows_are_set_in_its_form(app: Server, pag
     assert (record["rate_limit"], record["ordering"]) == (None, None)
     assert record["filter"] == {"flow_ids": [flow_id]}  # still chosen in the list
     api.close()
+
+
+def test_the_run_page_follows_the_run_s_stream(app: Server, page: Any) -> None:
+    """A running run's page changes as its steps finish, without a reload: it follows the
+    run's event stream (no 2 s polling)."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Two signals",
+        "steps": [
+            {"id": "first", "type": "wait", "signal": "go.first"},
+            {"id": "second", "type": "wait", "signal": "go.second"},
+            {"id": "done", "type": "transform", "output": {"ok": True}},
+        ],
+    }
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    run_id = api.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()["run_id"]
+    for _ in range(200):
+        steps = api.get(f"/api/v1/flows/runs/{run_id}").json()["steps"]
+        if steps and steps[0]["status"] == "waiting":
+            break
+        time.sleep(0.05)
+    sign_in(page, app)
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if r.resource_type == "eventsource" else 0)
+    page.goto(f"{app.base}/runs/{run_id}")
+    page.wait_for_selector("li[data-step=first].waiting")
+    page.evaluate("window.notReloaded = true")
+    shot(page, "25-run-live-waiting")
+    assert streams == [f"{app.base}/runs/{run_id}/stream"]
+
+    def send(name: str) -> None:
+        r = api.post("/api/v1/signals", json={"name": name, "data": {}})
+        assert r.status_code == 202, r.text
+
+    send("go.first")
+    page.wait_for_selector("li[data-step=first].completed")
+    page.wait_for_selector("li[data-step=second].waiting")
+    shot(page, "26-run-live-first-done")
+    send("go.second")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    page.wait_for_selector("li[data-step=done].completed")
+    assert page.evaluate("window.notReloaded") is True  # the same page, changed in place
+    shot(page, "27-run-live-completed")
+    api.close()
