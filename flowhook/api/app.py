@@ -21,6 +21,7 @@ from flowhook.api.routes import (
     runs,
     schedules,
     signals,
+    streams,
     system,
     webhooks,
 )
@@ -64,6 +65,7 @@ def create_app(
         )
         runtime: Runtime | None = None
         revocations: RevocationWatch | None = None
+        hubs = contextlib.AsyncExitStack()
         tracing.start(settings.otel_endpoint)
         try:
             if run_migrations:
@@ -78,8 +80,10 @@ def create_app(
                     on_bootstrap(seeded)
             if run_worker:
                 runtime = await _run_worker(app, Runtime(db, clock, settings, services))
+            app.state.hub = await hubs.enter_async_context(streams.running_hub(db, settings))
             yield
         finally:
+            await hubs.aclose()
             if runtime is not None:
                 await runtime.stop()
             if revocations is not None:
@@ -102,6 +106,7 @@ def create_app(
     )
     app.include_router(system.router)
     app.include_router(runs.router, prefix="/api/v1")
+    app.include_router(streams.router, prefix="/api/v1")  # /events/stream before /events/{id}
     app.include_router(flows.router, prefix="/api/v1")
     app.include_router(webhooks.router, prefix="/api/v1")
     app.include_router(hooks.router, prefix="/api/v1")
