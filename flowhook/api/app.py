@@ -58,11 +58,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = Database(
-            settings.database_url,
-            sqlite_synchronous=settings.sqlite_synchronous,
-            secret_key=settings.secret_key,
-        )
+        db = _database(settings)
         runtime: Runtime | None = None
         revocations: RevocationWatch | None = None
         hubs = contextlib.AsyncExitStack()
@@ -125,6 +121,14 @@ def create_app(
         fast_posts={EXECUTE_PATH: handle_execute},  # the hottest route, ahead of FastAPI's
     )
     return app
+
+
+def _database(settings: Settings) -> Database:
+    return Database(
+        settings.database_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        secret_key=settings.secret_key,
+    )
 
 
 async def _run_worker(app: FastAPI, runtime: Runtime) -> Runtime:
