@@ -11,7 +11,7 @@ deliveries over the day (1,000 of them pending); and another workspace with a te
 runs, which the page must not read. SQLite through the store's bulk insert, PostgreSQL
 through COPY, then on PostgreSQL ``VACUUM ANALYZE`` (what autovacuum does after a load: the
 page's reads are index-only scans, which need the visibility map). It then times each of
-the page's reads and the whole page's (``OverviewService.get``: one read transaction), the
+the page's reads and the whole page's (``OverviewService.get``: two connections at once), the
 median of ``--repeat`` rounds, and prints them. Target: the whole page well under a second.
 """
 
@@ -226,7 +226,7 @@ async def one_backend(url: str, total: int, sent: int, repeat: int) -> dict[str,
             "queue depth and ages": read(store.backlog, now),
         }  # fmt: skip
         figures = {name: await _median(go, repeat) for name, go in reads.items()}
-        figures["whole page (one read transaction)"] = await _median(
+        figures["whole page (two connections at once)"] = await _median(
             lambda: services.overview.get(who), repeat
         )
         page = await services.overview.get(who)
