@@ -74,6 +74,17 @@ class Settings(BaseSettings):
     rate_limit: float = Field(default=1000.0, ge=0)
     """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
 
+    # Live event streams (Server-Sent Events)
+    stream_heartbeat: float = Field(default=15.0, gt=0, le=3600)
+    """Seconds between comment lines on an idle stream (proxies close silent connections)."""
+    max_streams_per_key: int = Field(default=100, ge=1)
+    """Streams one API key may hold open on one API process; more answer 429."""
+    stream_queue: int = Field(default=1000, ge=1)
+    """Events a stream may have waiting for a slow client; past that it is closed."""
+    stream_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    """Seconds between the streams' catch-up reads when no commit announces new events (on
+    SQLite, how soon events written by another process reach the streams)."""
+
     # Schedules
     min_schedule_seconds: int = Field(default=60, ge=1)
     """The shortest time a schedule's cron may leave between two ticks."""

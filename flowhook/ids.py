@@ -15,7 +15,7 @@ import re
 import threading
 import time
 
-__all__ = ["new_id", "new_secret_id", "is_id", "PREFIXES"]
+__all__ = ["new_id", "new_secret_id", "is_id", "id_floor", "id_millis", "PREFIXES"]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 PREFIXES = frozenset({"wf", "run", "part", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig"})
@@ -54,6 +54,20 @@ def _base32(value: int, length: int = 26) -> str:
 def new_id(prefix: str) -> str:
     """A new id such as ``run_01jd7w2k3m4n5p6q7r8s9t0v1x``."""
     return f"{prefix}_{_base32(_uuid7_int())}"
+
+
+def id_floor(prefix: str, ms: int) -> str:
+    """The lowest id :func:`new_id` could make at Unix millisecond ``ms``: every id made at
+    that millisecond or later sorts after it (a cursor "from this time on")."""
+    return f"{prefix}_{_base32(max(0, ms) << 80)}"
+
+
+def id_millis(value: str) -> int:
+    """The Unix millisecond an id of :func:`new_id` was made at (its first 10 characters)."""
+    ms = 0
+    for ch in value.partition("_")[2][:10]:
+        ms = (ms << 5) | _ALPHABET.index(ch)
+    return ms  # 10 characters are the top 50 bits of 130: the 48-bit millisecond
 
 
 def new_secret_id(prefix: str) -> str:

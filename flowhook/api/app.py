@@ -20,6 +20,7 @@ from flowhook.api.routes import (
     runs,
     schedules,
     signals,
+    streams,
     system,
     webhooks,
 )
@@ -64,6 +65,7 @@ def create_app(
         )
         runtime: Runtime | None = None
         revocations: RevocationWatch | None = None
+        hubs = contextlib.AsyncExitStack()
         try:
             if run_migrations:
                 await migrate(db)
@@ -80,8 +82,10 @@ def create_app(
                 await runtime.start()
                 app.state.worker = runtime.worker
                 app.state.dispatcher = runtime.dispatcher
+            app.state.hub = await hubs.enter_async_context(streams.running_hub(db, settings))
             yield
         finally:
+            await hubs.aclose()
             if runtime is not None:
                 await runtime.stop()
             if revocations is not None:
@@ -103,6 +107,7 @@ def create_app(
     )
     app.include_router(system.router)
     app.include_router(runs.router, prefix="/api/v1")
+    app.include_router(streams.router, prefix="/api/v1")  # /events/stream before /events/{id}
     app.include_router(flows.router, prefix="/api/v1")
     app.include_router(webhooks.router, prefix="/api/v1")
     app.include_router(hooks.router, prefix="/api/v1")

@@ -30,7 +30,10 @@ from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.wakeup import Wakeup
 
-__all__ = ["Database", "CONFLICT_ATTEMPTS"]
+__all__ = ["Database", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
+
+EVENTS_FLOOR = "events_floor"
+"""In ``conn.info["tx"]``: the lowest event id the transaction wrote (``store.events``)."""
 
 log = logging.getLogger("flowhook.store")
 
@@ -66,6 +69,9 @@ class Database:
         self.is_sqlite = self.async_url.startswith("sqlite")
         self.wakeups: dict[str, Wakeup] = {"runs": Wakeup(), "deliveries": Wakeup()}
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
+        self.on_events: Callable[[str], None] | None = None
+        """Called after a commit that wrote events, with the lowest event id it wrote (the
+        event streams' hub sets it; ``None``, nothing is called)."""
         common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
         if self.is_sqlite:
             # The inline driver's dialect; the URL's own options (``?uri=true&mode=ro``,
@@ -102,9 +108,10 @@ class Database:
         commit, never for work that rolled back. ``conn.info["tx"]`` is a scratch dict that
         lives as long as the transaction (the connection's ``info`` outlives it)."""
         wake: set[str] = set()
+        tx: dict[str, Any] = {}
         async with _translated(), self.writer.begin() as conn:
             conn.info["wake"] = wake
-            conn.info["tx"] = {}
+            conn.info["tx"] = tx
             try:
                 yield conn
             finally:
@@ -112,6 +119,8 @@ class Database:
                 conn.info.pop("tx", None)
         for kind in wake:
             self.wakeups[kind].notify()
+        if self.on_events is not None and EVENTS_FLOOR in tx:
+            self.on_events(tx[EVENTS_FLOOR])
 
     async def retrying(self, work: Callable[[AsyncConnection], Awaitable[R]]) -> R:
         """``work(conn)`` in a write transaction; run again (a new transaction, after a short

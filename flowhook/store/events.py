@@ -4,17 +4,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
 from flowhook.store import bulk
 from flowhook.store import webhooks as webhooks_store
+from flowhook.store.db import EVENTS_FLOOR
 from flowhook.store.models import Delivery, Event, Mode
 from flowhook.store.rows import owned, page
-from flowhook.store.tables import events
+from flowhook.store.tables import events, runs
 
-__all__ = ["insert_events", "list_events_for_run", "list_events", "get_event"]
+__all__ = [
+    "EVENTS_CHANNEL",
+    "insert_events",
+    "list_events_for_run",
+    "list_events",
+    "get_event",
+    "events_after",
+    "event_ids_after",
+    "events_by_id",
+    "scope_events_after",
+    "run_status",
+]
+
+EVENTS_CHANNEL = "flowhook_events"
+"""PostgreSQL NOTIFY channel: events were committed; the payload is the lowest event id the
+transaction wrote, so a listener reads from there even when ids commit out of order."""
+
+_NOTIFY = text(f"SELECT pg_notify('{EVENTS_CHANNEL}', :floor)")
 
 
 async def insert_events(
@@ -28,6 +46,7 @@ async def insert_events(
     if not batch:
         return 0
     await bulk.insert(conn, events, [e.to_row() for e in batch])
+    await _announce(conn, min(e.id for e in batch))
     if to_endpoint is not None:  # a test event: to that endpoint alone
         queued = [Delivery.queued(new_id("dlv"), e, to_endpoint) for e in batch]
         await webhooks_store.insert_deliveries(conn, queued)
@@ -52,8 +71,77 @@ async def insert_events(
     return len(queued)
 
 
-async def list_events_for_run(conn: AsyncConnection, run_id: str) -> list[Event]:
+async def _announce(conn: AsyncConnection, floor: str) -> None:
+    """Tell event streams at commit: this process's (``conn.info["tx"]``), and on PostgreSQL
+    every other one's (NOTIFY, delivered at commit, once per transaction)."""
+    tx = conn.info.get("tx")
+    if tx is not None:
+        seen = tx.get(EVENTS_FLOOR)
+        if seen is not None and seen <= floor:
+            return  # this transaction already announced an event at or below this one
+        tx[EVENTS_FLOOR] = floor
+    if conn.dialect.name == "postgresql":
+        await conn.execute(_NOTIFY, {"floor": floor})
+
+
+async def events_after(conn: AsyncConnection, after: str, *, limit: int) -> list[Event]:
+    """Events of every workspace with an id above ``after``, oldest first."""
+    q = select(events).where(events.c.id > after).order_by(events.c.id).limit(limit)
+    return [Event.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def event_ids_after(conn: AsyncConnection, after: str, *, limit: int) -> list[str]:
+    """Only the ids of :func:`events_after` (the primary key's index alone)."""
+    q = select(events.c.id).where(events.c.id > after).order_by(events.c.id).limit(limit)
+    return list((await conn.execute(q)).scalars())
+
+
+async def events_by_id(conn: AsyncConnection, ids: Sequence[str]) -> list[Event]:
+    q = select(events).where(events.c.id.in_(ids)).order_by(events.c.id)
+    return [Event.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def scope_events_after(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    after: str,
+    *,
+    limit: int,
+    flow_id: str | None = None,
+    event_type: str | None = None,
+) -> list[Event]:
+    """A workspace and mode's events with an id above ``after``, oldest first (a stream
+    resuming from ``Last-Event-ID``)."""
+    q = (
+        select(events)
+        .where(
+            events.c.workspace_id == workspace_id,
+            events.c.mode == mode.value,
+            events.c.id > after,
+        )
+        .order_by(events.c.id)
+        .limit(limit)
+    )
+    if flow_id is not None:
+        q = q.where(events.c.flow_id == flow_id)
+    if event_type is not None:
+        q = q.where(events.c.type == event_type)
+    return [Event.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def run_status(conn: AsyncConnection, run_id: str) -> str | None:
+    """The run's status alone (``None`` once it is gone)."""
+    status = await conn.scalar(select(runs.c.status).where(runs.c.run_id == run_id))
+    return None if status is None else str(status)
+
+
+async def list_events_for_run(
+    conn: AsyncConnection, run_id: str, *, after: str | None = None
+) -> list[Event]:
     q = select(events).where(events.c.run_id == run_id).order_by(events.c.id)
+    if after is not None:
+        q = q.where(events.c.id > after)
     return [Event.from_row(r) for r in (await conn.execute(q)).all()]
 
 

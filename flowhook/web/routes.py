@@ -8,6 +8,7 @@ every form carries the session's CSRF token and is refused without it.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.responses import RedirectResponse, Response
 
 from flowhook.api.deps import ServicesDep
+from flowhook.api.routes.streams import open_run_stream
 from flowhook.clock import isoformat
 from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import EVENT_TYPES
@@ -423,6 +425,14 @@ async def run(run_id: str, p: Page = PageDep) -> Response:
     return await _run_page(p, run_id)
 
 
+@router.get("/runs/{run_id}/stream")
+async def run_stream(run_id: str, p: Page = PageDep) -> Response:
+    """The run's events as Server-Sent Events, for its page (the API's stream, signed in
+    with the session instead of a key)."""
+    last = p.request.headers.get("last-event-id")
+    return await open_run_stream(p.request, p.services, p.who, run_id, last)
+
+
 async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = None) -> Response:
     r = await p.services.runs.get(p.who, run_id)
     events = await p.services.runs.events(p.who, run_id)
@@ -430,18 +440,21 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     template = "run_body.html" if p.request.query_params.get("partial") else "run.html"
     children = await p.services.runs.children(p.who, run_id)
     names = {c.flow_id: await _flow_name(p, c.flow_id) for c in children.values()}
+    tree = _tree(r.steps, _timeline(r, datetime.now(UTC)), r.status if r.status.terminal else None)
     return p.render(
         template,
         code,
         r=r,
         flow_name=await _flow_name(p, r.flow_id),
-        tree=_tree(r.steps, _timeline(r, datetime.now(UTC))),
+        tree=tree,
+        decidable=_decidable(tree),
         children=children,
         child_flow_names=names,
         events=events,
         deliveries=sent.data,
         notice=p.request.query_params.get("notice"),
         error=error,
+        stream_events=" ".join(EVENT_TYPES),
     )
 
 
@@ -483,6 +496,12 @@ class _Node:
     bar: tuple[float, float] | None
     groups: list[_Group] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    shown: str = ""
+    """The status the page shows: the record's, but a step still waiting or running when
+    its run (or its branch or item) ended shows how that ended (see :func:`_stopped`)."""
+
+    def __post_init__(self) -> None:
+        self.shown = self.shown or str(self.step.status)
 
 
 @dataclass
@@ -495,9 +514,14 @@ class _Group:
     status: str = ""
 
 
-def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[_Node]:
+def _tree(
+    steps: list[RunStep],
+    bars: list[tuple[float, float] | None],
+    ended: RunStatus | None = None,
+) -> list[_Node]:
     """The run's step records (nested ones after their ``parallel`` or ``map`` step, deeper
-    ones after theirs) as a tree: branches by name, items by index."""
+    ones after theirs) as a tree: branches by name, items by index. ``ended``: how the run
+    ended, if it has."""
     nodes = [_Node(s, b) for s, b in zip(steps, bars, strict=True)]
     top: list[_Node] = []
     stack: list[_Node] = []
@@ -515,7 +539,41 @@ def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[
         stack.append(node)
     for node in nodes:
         _settle_groups(node)
+    _stopped(top, str(ended) if ended is not None else None)
     return top
+
+
+_UNSETTLED = frozenset({StepStatus.WAITING, StepStatus.RUNNING, StepStatus.RETRYING})
+_ENDED = frozenset({"completed", "failed", "cancelled", "not started"})
+
+
+def _stopped(members: list[_Node], how: str | None) -> None:
+    """Steps whose record still says waiting, running or retrying although what holds them
+    (the run, or their branch or item; ``how`` it ended, ``None`` while it goes on) has
+    ended: the record stays as the step left it, never run on, and the page says
+    ``cancelled`` when their holder was, else ``stopped``."""
+    for node in members:
+        if how is not None and node.step.status in _UNSETTLED:
+            node.shown = "cancelled" if how == "cancelled" else "stopped"
+        for group in node.groups:
+            _stopped(group.members, group.status if group.status in _ENDED else how)
+
+
+def _decidable(members: list[_Node]) -> set[str]:
+    """The ``approval`` steps the page can decide by step id: those one request waits on. A
+    map whose items each wait on the same step has several; each item's request is decided
+    through its own approve and reject links."""
+    waiting: Counter[str] = Counter()
+
+    def walk(nodes: list[_Node]) -> None:
+        for node in nodes:
+            if node.step.type == "approval" and node.shown == "waiting":
+                waiting[node.step.step_id] += 1
+            for group in node.groups:
+                walk(group.members)
+
+    walk(members)
+    return {step_id for step_id, n in waiting.items() if n == 1}
 
 
 def _label(branch: str | None, index: int | None) -> str:

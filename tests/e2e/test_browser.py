@@ -462,7 +462,49 @@ def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -
     assert [items.nth(i).get_attribute("data-status") for i in range(items.count())] == [
         "completed", "cancelled", "failed", "cancelled", "not started"
     ]  # fmt: skip
+    # the waits of the cancelled items read cancelled, not waiting (their records still wait)
+    holds = page.locator("li[data-step=each] .item li[data-step=hold] > .row .pill")
+    assert [holds.nth(i).inner_text() for i in range(holds.count())] == [
+        "skipped", "cancelled", "completed", "cancelled"
+    ]  # fmt: skip
     shot(page, "25-run-tree")
+    api.close()
+
+
+def test_a_nested_approval_is_decided_from_the_run_page(app: Server, page: Any) -> None:
+    """An approval in a parallel's branch has its Approve and Reject buttons on the run's
+    page; approving it lets the branch and the run go on."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Refund with checks",
+        "steps": [
+            {"id": "checks", "type": "parallel", "branches": {
+                "fraud": [{"id": "score", "type": "transform", "output": {"score": 3}}],
+                "people": [{"id": "manager", "type": "approval",
+                            "message": "Refund {{ payload.amount }} EUR?"},
+                           {"id": "noted", "type": "transform", "output": {"ok": True}}]}},
+        ],
+    }  # fmt: skip
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    body = {"flow_id": flow_id, "payload": {"amount": 80}}
+    run_id = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    for _ in range(200):
+        steps = api.get(f"/api/v1/flows/runs/{run_id}").json()["steps"]
+        if any((s["id"], s["status"]) == ("manager", "waiting") for s in steps):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the approval never waited: {steps}")
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{run_id}")
+    assert "Refund 80 EUR?" in page.inner_text("li[data-step=manager] .waitfor")
+    assert "Waiting for its branches to end." in page.inner_text("li[data-step=checks] .waitfor")
+    shot(page, "25b-nested-approval")
+    page.click("li[data-step=manager] form.decide button[value=approve]")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    assert "Approved by the settings screen" in page.inner_text("li[data-step=manager]")
     api.close()
 
 
@@ -541,4 +583,50 @@ def test_an_endpoint_s_pace_order_and_flows_are_set_in_its_form(app: Server, pag
     record = api.get(f"/api/v1/webhooks/endpoints/{endpoint_id}").json()
     assert (record["rate_limit"], record["ordering"]) == (None, None)
     assert record["filter"] == {"flow_ids": [flow_id]}  # still chosen in the list
+    api.close()
+
+
+def test_the_run_page_follows_the_run_s_stream(app: Server, page: Any) -> None:
+    """A running run's page changes as its steps finish, without a reload: it follows the
+    run's event stream (no 2 s polling)."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Two signals",
+        "steps": [
+            {"id": "first", "type": "wait", "signal": "go.first"},
+            {"id": "second", "type": "wait", "signal": "go.second"},
+            {"id": "done", "type": "transform", "output": {"ok": True}},
+        ],
+    }
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    run_id = api.post("/api/v1/flows/execute", json={"flow_id": flow_id}).json()["run_id"]
+    for _ in range(200):
+        steps = api.get(f"/api/v1/flows/runs/{run_id}").json()["steps"]
+        if steps and steps[0]["status"] == "waiting":
+            break
+        time.sleep(0.05)
+    sign_in(page, app)
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if r.resource_type == "eventsource" else 0)
+    page.goto(f"{app.base}/runs/{run_id}")
+    page.wait_for_selector("li[data-step=first].waiting")
+    page.evaluate("window.notReloaded = true")
+    shot(page, "25-run-live-waiting")
+    assert streams == [f"{app.base}/runs/{run_id}/stream"]
+
+    def send(name: str) -> None:
+        r = api.post("/api/v1/signals", json={"name": name, "data": {}})
+        assert r.status_code == 202, r.text
+
+    send("go.first")
+    page.wait_for_selector("li[data-step=first].completed")
+    page.wait_for_selector("li[data-step=second].waiting")
+    shot(page, "26-run-live-first-done")
+    send("go.second")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    page.wait_for_selector("li[data-step=done].completed")
+    assert page.evaluate("window.notReloaded") is True  # the same page, changed in place
+    shot(page, "27-run-live-completed")
     api.close()

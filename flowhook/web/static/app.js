@@ -47,11 +47,11 @@
     });
   }
 
-  // Refresh live parts of a page (run lists, a running run) every 2 s.
-  for (const element of document.querySelectorAll("[data-refresh]")) {
+  // Refresh live parts of a page (run lists; a run whose stream failed) every 2 s.
+  const poll = (element, url) => {
     const refresh = async () => {
       try {
-        const response = await fetch(element.dataset.refresh, { credentials: "same-origin" });
+        const response = await fetch(url, { credentials: "same-origin" });
         if (!response.ok) return;
         element.innerHTML = await response.text();
         const status = element.querySelector("#run-status");
@@ -62,5 +62,49 @@
       setTimeout(refresh, 2000);
     };
     setTimeout(refresh, 2000);
+  };
+  for (const element of document.querySelectorAll("[data-refresh]")) {
+    poll(element, element.dataset.refresh);
+  }
+
+  // A running run's page follows the run's event stream: each event renders the run's part
+  // of the page again (one fetch at a time; events that arrive meanwhile share the next).
+  const terminal = ["flow.completed", "flow.failed", "flow.cancelled"];
+  for (const element of document.querySelectorAll("[data-stream]")) {
+    if (!window.EventSource) {
+      poll(element, element.dataset.partial);
+      continue;
+    }
+    const source = new EventSource(element.dataset.stream);
+    let busy = false;
+    let again = false;
+    const render = async () => {
+      if (busy) {
+        again = true;
+        return;
+      }
+      busy = true;
+      try {
+        const response = await fetch(element.dataset.partial, { credentials: "same-origin" });
+        if (response.ok) element.innerHTML = await response.text();
+      } catch {
+        /* the next event renders again */
+      }
+      busy = false;
+      if (again) {
+        again = false;
+        render();
+      }
+    };
+    for (const name of element.dataset.events.split(" ")) {
+      source.addEventListener(name, () => {
+        if (terminal.includes(name)) source.close(); // the stream ends here
+        render();
+      });
+    }
+    source.addEventListener("error", () => {
+      source.close(); // the stream broke (server restarting, signed out): poll instead
+      poll(element, element.dataset.partial);
+    });
   }
 })();

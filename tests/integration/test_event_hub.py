@@ -1,0 +1,184 @@
+"""The event hub on both backends: commits of this process and of another, ids that commit
+out of order, one read shared by many streams, slow clients dropped, the cap per key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from flowhook.clock import SystemClock
+from flowhook.config import Settings
+from flowhook.errors import RateLimited
+from flowhook.events import make_event
+from flowhook.service import Principal
+from flowhook.service.streams import EventHub, Subscription, sse_message
+from flowhook.store import events as events_store
+from flowhook.store.db import Database
+from flowhook.store.models import Event, Mode
+
+WHO = Principal(workspace_id="ws_a", mode=Mode.TEST, key_id="key_a")
+OTHER = Principal(workspace_id="ws_b", mode=Mode.TEST, key_id="key_b")
+
+
+def event(run_id: str, type_: str = "flow.step_completed", who: Principal = WHO) -> Event:
+    return make_event(
+        type_,
+        workspace_id=who.workspace_id,
+        mode=who.mode,
+        flow_id="wf_1",
+        run_id=run_id,
+        payload={"n": 1},
+        now=SystemClock().now(),
+    )
+
+
+async def commit(db: Database, batch: list[Event]) -> None:
+    async with db.transaction() as conn:
+        await events_store.insert_events(conn, batch)
+
+
+async def received(sub: Subscription, count: int) -> list[Event]:
+    got: list[Event] = []
+    async with asyncio.timeout(20):
+        while len(got) < count:
+            got += await sub.next_batch(1.0)
+    return got
+
+
+@pytest.fixture
+async def other(settings: Settings) -> AsyncIterator[Database]:
+    """The same database as another process sees it (its own engine, no shared signal)."""
+    second = Database(
+        settings.database_url, sqlite_synchronous="NORMAL", secret_key=settings.secret_key
+    )
+    yield second
+    await second.dispose()
+
+
+async def started(db: Database, **kw: object) -> EventHub:
+    hub = EventHub(db, **kw)  # type: ignore[arg-type]
+    await hub.start()
+    return hub
+
+
+async def test_commits_of_this_process_reach_the_run_stream(db: Database) -> None:
+    hub = await started(db, poll_interval=60)
+    try:
+        sub = hub.subscribe(WHO, run_id="run_1")
+        elsewhere = hub.subscribe(OTHER, run_id="run_2")
+        batch = [event("run_1", "flow.started"), event("run_1"), event("run_2", who=OTHER)]
+        await commit(db, batch)
+        got = await received(sub, 2)
+        assert [e.id for e in got] == [e.id for e in batch[:2]]
+        assert [e.body for e in got] == [e.body for e in batch[:2]]
+        assert [e.id for e in await received(elsewhere, 1)] == [batch[2].id]
+    finally:
+        await hub.stop()
+
+
+async def test_commits_of_another_process_reach_the_streams(db: Database, other: Database) -> None:
+    # PostgreSQL: NOTIFY (the catch-up poll is a minute away); SQLite: the catch-up poll.
+    hub = await started(db, poll_interval=0.2 if db.is_sqlite else 60)
+    try:
+        sub = hub.subscribe(WHO)
+        batch = [event("run_1"), event("run_2")]
+        await commit(other, batch)
+        assert [e.id for e in await received(sub, 2)] == [e.id for e in batch]
+    finally:
+        await hub.stop()
+
+
+async def test_an_id_that_commits_after_a_later_one_is_not_skipped(
+    db: Database, other: Database
+) -> None:
+    hub = await started(db, poll_interval=0.2 if db.is_sqlite else 60)
+    try:
+        sub = hub.subscribe(WHO)
+        early, late = event("run_1"), event("run_1")
+        assert early.id < late.id
+        await commit(db, [late])
+        assert [e.id for e in await received(sub, 1)] == [late.id]
+        await commit(other, [early])  # made first, committed last, by another process
+        assert [e.id for e in await received(sub, 1)] == [early.id]
+        again = event("run_1")
+        older = event("run_1")
+        await commit(db, [older])
+        await commit(db, [again])
+        got = await received(sub, 2)
+        assert sorted(e.id for e in got) == sorted([again.id, older.id])
+        await asyncio.sleep(0.5)  # catch-up polls pass: nothing is handed out twice
+        assert await sub.next_batch(0.01) == []
+    finally:
+        await hub.stop()
+
+
+async def test_many_streams_share_one_read(db: Database) -> None:
+    hub = await started(db, poll_interval=60)
+    try:
+        subs = [hub.subscribe(WHO) for _ in range(50)]
+        await commit(db, [event("run_0")])  # after the listener's first (catch-up) read
+        for sub in subs:
+            await received(sub, 1)
+        reads = hub.reads
+        batch = [event(f"run_{i}") for i in range(5)]
+        await commit(db, batch)
+        for sub in subs:
+            assert [e.id for e in await received(sub, 5)] == [e.id for e in batch]
+        assert hub.reads - reads == 1  # one read for the 50 streams
+    finally:
+        await hub.stop()
+
+
+async def test_filters_of_a_workspace_stream(db: Database) -> None:
+    hub = await started(db, poll_interval=60)
+    try:
+        only_done = hub.subscribe(WHO, event_type="flow.completed")
+        only_other_flow = hub.subscribe(WHO, flow_id="wf_2")
+        batch = [event("run_1"), event("run_1", "flow.completed"), event("run_3", who=OTHER)]
+        await commit(db, batch)
+        assert [e.id for e in await received(only_done, 1)] == [batch[1].id]
+        await asyncio.sleep(0.2)
+        assert await only_other_flow.next_batch(0.01) == []
+    finally:
+        await hub.stop()
+
+
+async def test_a_slow_client_is_dropped_not_buffered(db: Database) -> None:
+    hub = await started(db, poll_interval=60, queue_size=3)
+    try:
+        slow = hub.subscribe(WHO)
+        await commit(db, [event("run_1") for _ in range(5)])
+        async with asyncio.timeout(20):
+            while not slow.ended:
+                await asyncio.sleep(0.01)
+        assert slow.dropped and len(slow.pending) == 3
+        assert hub.open_streams == 0
+    finally:
+        await hub.stop()
+
+
+async def test_the_cap_per_key_and_closing(db: Database) -> None:
+    hub = await started(db, poll_interval=60, max_per_key=2)
+    try:
+        a, b = hub.subscribe(WHO), hub.subscribe(WHO, run_id="run_1")
+        with pytest.raises(RateLimited) as refused:
+            hub.subscribe(WHO)
+        assert "FLOWHOOK_MAX_STREAMS_PER_KEY" in refused.value.message
+        hub.subscribe(OTHER)  # another key has its own share
+        hub.unsubscribe(a)
+        hub.unsubscribe(a)  # twice is harmless
+        c = hub.subscribe(WHO)
+        hub.close()
+        assert b.ended and c.ended and not b.dropped
+        assert await b.next_batch(5) == []  # returns at once: the stream is over
+    finally:
+        await hub.stop()
+
+
+def test_the_message_carries_the_envelope_as_stored() -> None:
+    e = event("run_1")
+    assert sse_message(e) == (
+        b"id: " + e.id.encode() + b"\nevent: flow.step_completed\ndata: " + e.body + b"\n\n"
+    )
