@@ -128,12 +128,20 @@ def _settle(api: httpx.Client, run_ids: list[str]) -> dict[str, str]:
         time.sleep(0.2)
 
 
+@pytest.fixture
+def api(app: tuple[Server, Path]) -> Iterator[httpx.Client]:
+    """The sandbox key's API client."""
+    server, _ = app
+    auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
+    with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
+        yield client
+
+
 def test_overview_draws_runs_durations_and_deliveries(
-    app: tuple[Server, Path], receiver: str, page: Any
+    app: tuple[Server, Path], api: httpx.Client, receiver: str, page: Any
 ) -> None:
     server, path = app
     base, key = server.base, server.value("sandbox key")
-    api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=10)
 
     # Signing in lands on the overview, which says what to do while nothing has run.
     page.goto(base + "/signin")
@@ -228,7 +236,6 @@ def test_overview_draws_runs_durations_and_deliveries(
     page.click("#runs-day summary")
     assert page.locator("#runs-day .numbers tbody tr").count() >= 20
     shot(page, "overview-04-phone-numbers")
-    api.close()
 
 
 def _count(path: Path, where: str, *params: object) -> int:
