@@ -35,6 +35,7 @@ from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.web import approvals as web_approvals
+from flowhook.web import overview as web_overview
 from flowhook.web import routes as web_routes
 from flowhook.web.security import PAGE_HEADERS
 
@@ -111,6 +112,7 @@ def create_app(
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(web_approvals.router)
     app.include_router(web_routes.router)
+    app.include_router(web_overview.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
     install_error_handlers(app, html=web_routes.render_error)

@@ -1,4 +1,5 @@
-"""Pages: sign in with an API key, Settings → Webhooks, deliveries, runs and flows.
+"""Pages: sign in with an API key (landing on the overview, flowhook/web/overview.py), Settings →
+Webhooks, deliveries, runs and flows.
 
 Every page reads through the same services as the API, as the session's workspace and mode;
 every form carries the session's CSRF token and is refused without it.
@@ -30,9 +31,11 @@ from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
 from flowhook.store.sessions import WebSession
 from flowhook.web.security import foreign_origin, secure_cookie
 
-__all__ = ["router", "render_error", "COOKIE", "STATIC_DIR"]
+__all__ = ["router", "render_error", "COOKIE", "LANDING", "STATIC_DIR"]
 
 COOKIE = "flowhook_session"
+LANDING = "/overview"
+"""Where a signed-in browser starts."""
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -139,7 +142,7 @@ def install(app: Any) -> None:
 @router.get("/")
 async def home(request: Request, services: ServicesDep) -> Response:
     found = await services.sessions.resume(request.cookies.get(COOKIE))
-    return redirect("/runs" if found else "/signin")
+    return redirect(LANDING if found else "/signin")
 
 
 @router.get("/signin")
@@ -173,7 +176,7 @@ async def signin(request: Request, services: ServicesDep) -> Response:
             },
             status_code=401,
         )
-    response = redirect("/runs")
+    response = redirect(LANDING)
     response.set_cookie(
         COOKIE,
         token,

@@ -109,9 +109,9 @@ def test_settings_screen_end_to_end(app: Server, receiver: str, page: Any) -> No
     shot(page, "01-sign-in")
     page.fill("#api_key", key)
     page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs$"))
+    page.wait_for_url(re.compile(r"/overview$"))
     assert page.inner_text(".mode") == "SANDBOX" or page.inner_text(".mode").lower() == "sandbox"
-    shot(page, "02-runs-empty")
+    shot(page, "02-overview-empty")
 
     # Add an endpoint choosing two events.
     page.click("text=Webhooks")
@@ -232,7 +232,7 @@ def sign_in(page: Any, app: Server) -> None:
     page.goto(app.base + "/signin")
     page.fill("#api_key", app.value("sandbox key"))
     page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs$"))
+    page.wait_for_url(re.compile(r"/overview$"))
 
 
 def test_rerun_from_the_run_page(app: Server, receiver: str, page: Any) -> None:
