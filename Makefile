@@ -27,6 +27,7 @@ test: install
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-wrk
+	scripts/ensure-tmux
 	$(BIN)/pytest --cov -m "not no_tracer"
 	$(BIN)/pytest -m no_tracer
 

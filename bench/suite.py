@@ -96,6 +96,7 @@ LABELS: dict[str, str] = {
     "e2e_rps": "end to end, completed runs/s",
     "e2e_p50": "execute → webhook p50 ms",
     "e2e_p99": "execute → webhook p99 ms",
+    "e2e_retries": "end to end, executes sent again after a reset",
     "deliveries_rps": "deliveries/s",
     "idle_p50": "idle execute → webhook p50 ms",
     "idle_p99": "idle execute → webhook p99 ms",
@@ -146,13 +147,31 @@ async def _flow_for(server: Any) -> str:
         return await create_flow(http)
 
 
-async def _execute(http: aiohttp.ClientSession, flow_id: str, n: int) -> str:
-    async with http.post(
-        "/api/v1/flows/execute", json={"flow_id": flow_id, "payload": {"n": n}}
-    ) as r:
-        if r.status != 202:
-            raise RuntimeError(f"execute answered {r.status}: {await r.text()}")
-        return str((await r.json())["run_id"])
+# A connection the client's own load starved (reset, closed while it waited to write): the
+# execute is sent again with the same Idempotency-Key, so a run the server did accept is
+# answered again rather than started twice, and the retry is counted, not fatal.
+_RESETS = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
+
+
+async def _execute(
+    http: aiohttp.ClientSession, flow_id: str, n: int, retries: list[str] | None = None
+) -> str:
+    """Execute a run; with ``retries`` (a list the retries' causes are added to), under an
+    ``Idempotency-Key`` so it is safe to send again after a reset connection."""
+    headers = {"Idempotency-Key": f"bench-{id(retries)}-{n}"} if retries is not None else None
+    body = {"flow_id": flow_id, "payload": {"n": n}}
+    for attempt in range(6):
+        try:
+            async with http.post("/api/v1/flows/execute", json=body, headers=headers) as r:
+                if r.status not in (200, 202):  # 200: the same key answered again
+                    raise RuntimeError(f"execute answered {r.status}: {await r.text()}")
+                return str((await r.json())["run_id"])
+        except _RESETS as exc:
+            if retries is None or attempt == 5:
+                raise
+            retries.append(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _against_serve(
@@ -177,13 +196,17 @@ async def _e2e(server: Any, args: argparse.Namespace) -> Figures:
         todo = iter(range(runs))
         started = time.perf_counter()
 
+        retries: list[str] = []
+
         async def submitter() -> None:
             for n in todo:
-                await _execute(http, flow_id, n)
+                await _execute(http, flow_id, n, retries)
 
         await asyncio.gather(*(submitter() for _ in range(64)))
         await receiver.wait_for_count(runs, timeout=max(120, runs / 50))
         throughput = runs / (receiver.last - started)
+        if retries:
+            print(f"  e2e: {len(retries)} executes sent again after a reset, e.g. {retries[0]}")
         if receiver.bad_signatures:
             raise RuntimeError(f"{receiver.bad_signatures} webhooks had a bad signature")
         # Latency at a fixed, moderate rate (open loop: sends do not wait for answers).
@@ -201,6 +224,7 @@ async def _e2e(server: Any, args: argparse.Namespace) -> Figures:
         await receiver.wait_for_count(count, timeout=120)
         latencies = [(receiver.arrived[r] - at) * 1000 for r, at in sent.items()]
     return {
+        "e2e_retries": float(len(retries)),
         "e2e_rps": throughput,
         "e2e_p50": percentile(latencies, 50),
         "e2e_p99": percentile(latencies, 99),

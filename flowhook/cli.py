@@ -17,6 +17,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from flowhook import tracing
 from flowhook.clock import SystemClock, isoformat
 from flowhook.config import Settings
 from flowhook.errors import FlowhookError, SecretKeyError
@@ -240,6 +241,7 @@ async def _work(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    tracing.start(settings.otel_endpoint)
     try:
         await migrate(db)
         clock = SystemClock()
@@ -253,6 +255,7 @@ async def _work(settings: Settings) -> None:
         await runtime.stop()
     finally:
         await db.dispose()
+        tracing.stop()
 
 
 @app.command()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flowhook.cli_watch import follow, print_step, wait_quietly, watch
 from flowhook.client import APIError, Client, FlowhookClientError, Run, RunAccepted
 
 __all__ = ["register"]
@@ -152,51 +152,6 @@ def flows_list(as_json: JsonOpt = False) -> None:
     )
 
 
-def _print_step(step: dict[str, Any]) -> None:
-    mark = {
-        "completed": "[green]✓[/green]",
-        "failed": "[red]✗[/red]",
-        "skipped": "[dim]-[/dim]",
-    }.get(step["status"], "[yellow]…[/yellow]")
-    took = f"{step['duration_ms']} ms" if step.get("duration_ms") is not None else ""
-    reused = " (reused)" if step.get("reused") else ""
-    console.print(
-        f"  {mark} {step['id']} [dim]{step['type']} {step['status']}{reused} {took}[/dim]"
-        + _waiting_for(step)
-    )
-
-
-def _waiting_for(step: dict[str, Any]) -> str:
-    """What a waiting step waits for, and until when."""
-    output = step.get("output") or {}
-    if step["status"] != "waiting" or not isinstance(output, dict):
-        return ""
-    until = f" until {output['until']}" if output.get("until") else ""
-    if step["type"] == "wait":
-        match = ", ".join(f"{k}={json.dumps(v)}" for k, v in (output.get("match") or {}).items())
-        return f" [yellow]for signal {output.get('signal')}{f' ({match})' if match else ''}{until}[/yellow]"
-    if step["type"] == "flow":
-        return f" [yellow]for child run {output.get('run_id')}{until}[/yellow]"
-    if step["type"] == "approval":
-        message = escape(str(output.get("message") or "a decision"))
-        return f" [yellow]for approval: {message}{until}[/yellow]"
-    return f" [yellow]{until.strip()}[/yellow]" if until else ""
-
-
-def follow(c: Client, run_id: str, timeout: float) -> Run:
-    """Print steps as they finish until the run ends (long-poll, 2 s at a time)."""
-    shown: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    while True:
-        run = c.get_run(run_id, wait=2)
-        for step in run.steps:
-            if shown.get(step["id"]) != step["status"] and step["status"] not in ("running",):
-                shown[step["id"]] = step["status"]
-                _print_step(step)
-        if run.terminal or time.monotonic() > deadline:
-            return run
-
-
 @runs.command("start")
 def runs_start(
     flow_id: Annotated[str, typer.Argument(help="The flow to run (wf_…).")],
@@ -231,19 +186,23 @@ def _answer(c: Client, accepted: RunAccepted, *, wait: bool, timeout: float, as_
     if not as_json:
         console.print(f"{accepted.run_id} [dim]queued, following…[/dim]")
     run = (
-        follow(c, accepted.run_id, timeout)
+        follow(c, accepted.run_id, timeout, console)
         if not as_json
-        else c.wait(accepted.run_id, interval=0.5, max_attempts=int(timeout / 0.5) + 1)
+        else wait_quietly(c, accepted.run_id, timeout)
     )
     if as_json:
         out_json(run.raw)
     else:
-        colour = {"completed": "green", "failed": "red"}.get(run.status, "yellow")
-        console.print(
-            f"[{colour}]{run.status}[/{colour}] in {run.duration_ms} ms"
-            + (f": {run.error['message']}" if run.error else "")
-        )
+        _ended(run)
     raise typer.Exit(0 if run.status == "completed" else 1)
+
+
+def _ended(run: Run) -> None:
+    colour = {"completed": "green", "failed": "red"}.get(run.status, "yellow")
+    console.print(
+        f"[{colour}]{run.status}[/{colour}] in {run.duration_ms} ms"
+        + (f": {escape(str(run.error['message']))}" if run.error else "")
+    )
 
 
 def _fields(accepted: RunAccepted) -> dict[str, Any]:
@@ -337,11 +296,24 @@ def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
         return
     console.print(f"{run.run_id} [bold]{run.status}[/bold] flow {run.flow_id}")
     for step in run.steps:
-        _print_step(step)
+        print_step(console, step)
     if run.error:
         console.print(f"[red]error:[/red] {run.error}")
     if run.output is not None:
         console.print_json(json.dumps(run.output))
+
+
+@runs.command("watch")
+def runs_watch(
+    run_id: Annotated[str, typer.Argument(help="The run to watch (run_…).")],
+) -> None:
+    """Watch a run live: a table of its steps with their status and duration, updated as
+    its events come (a line per event when the output is not a terminal). Exits when the
+    run ends: 0 if it completed, 1 otherwise (as runs start --wait)."""
+    with client() as c:
+        run = watch(c, run_id, console)
+    _ended(run)
+    raise typer.Exit(0 if run.status == "completed" else 1)
 
 
 @runs.command("cancel")

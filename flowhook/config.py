@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "async_database_url", "parse_duration"]
@@ -104,6 +104,15 @@ class Settings(BaseSettings):
     over plain http (TLS ends at a proxy uvicorn does not trust for X-Forwarded-Proto)."""
     metrics_token: SecretStr | None = None
     """When set, ``/metrics`` answers only ``Authorization: Bearer <this token>``."""
+
+    otel_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otel_endpoint"
+        ),
+    )
+    """OpenTelemetry's own variable (no ``FLOWHOOK_`` prefix): with the ``otel`` extra
+    installed, spans are exported over OTLP/HTTP there (flowhook/tracing.py)."""
 
     # SQLite durability: FULL syncs every commit (safe against power loss), NORMAL only
     # against a crash of the process.

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from flowhook import tracing
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
@@ -34,6 +35,7 @@ from flowhook.service.bootstrap import Bootstrapped, bootstrap
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.web import approvals as web_approvals
+from flowhook.web import overview as web_overview
 from flowhook.web import routes as web_routes
 from flowhook.web.security import PAGE_HEADERS
 
@@ -57,14 +59,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = Database(
-            settings.database_url,
-            sqlite_synchronous=settings.sqlite_synchronous,
-            secret_key=settings.secret_key,
-        )
+        db = _database(settings)
         runtime: Runtime | None = None
         revocations: RevocationWatch | None = None
         hubs = contextlib.AsyncExitStack()
+        tracing.start(settings.otel_endpoint)
         try:
             if run_migrations:
                 await migrate(db)
@@ -77,10 +76,7 @@ def create_app(
                 if seeded is not None:
                     on_bootstrap(seeded)
             if run_worker:
-                runtime = Runtime(db, clock, settings, services)
-                await runtime.start()
-                app.state.worker = runtime.worker
-                app.state.dispatcher = runtime.dispatcher
+                runtime = await _run_worker(app, Runtime(db, clock, settings, services))
             app.state.hub = await hubs.enter_async_context(streams.running_hub(db, settings))
             yield
         finally:
@@ -90,6 +86,7 @@ def create_app(
             if revocations is not None:
                 await revocations.stop()
             await db.dispose()
+            tracing.stop()  # exports the spans still buffered
 
     app = FastAPI(
         title="Flowhook",
@@ -115,6 +112,7 @@ def create_app(
     app.include_router(approvals.router, prefix="/api/v1")
     app.include_router(web_approvals.router)
     app.include_router(web_routes.router)
+    app.include_router(web_overview.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
     install_error_handlers(app, html=web_routes.render_error)
@@ -125,6 +123,22 @@ def create_app(
         fast_posts={EXECUTE_PATH: handle_execute},  # the hottest route, ahead of FastAPI's
     )
     return app
+
+
+def _database(settings: Settings) -> Database:
+    return Database(
+        settings.database_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        secret_key=settings.secret_key,
+    )
+
+
+async def _run_worker(app: FastAPI, runtime: Runtime) -> Runtime:
+    """Start the in-process worker, named on ``app.state`` (tests reach it there)."""
+    await runtime.start()
+    app.state.worker = runtime.worker
+    app.state.dispatcher = runtime.dispatcher
+    return runtime
 
 
 def api_app() -> FastAPI:

@@ -12,12 +12,14 @@ gives, and the route keeps documenting the endpoint in OpenAPI.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flowhook import tracing
 from flowhook.api.errors import domain_error_response
 from flowhook.api.models import run_accepted
 from flowhook.api.responses import ORJSONResponse
@@ -77,6 +79,7 @@ async def handle_execute(
     scope: Scope, receive: Receive, send: Send, headers: dict[str, str], fallback: ASGIApp
 ) -> None:
     """Answer an execute request, or pass it to ``fallback`` (the FastAPI app) unchanged."""
+    began = time.time() if tracing.ENABLED else 0.0
     body = await _read_body(receive)
     parsed = parse_execute(body)
     if parsed is None:
@@ -93,6 +96,8 @@ async def handle_execute(
         return
     flow_id, trigger, payload = parsed
     services = scope["app"].state.services
+    header = headers.get("traceparent")
+    trace = tracing.accept(header) if header is not None or tracing.ENABLED else None
     try:
         who = await services.keys.authenticate(headers.get("authorization"))
         started = await services.runs.start(
@@ -102,8 +107,11 @@ async def handle_execute(
             trigger=trigger,
             idempotency_key=headers.get("idempotency-key"),
             parsed_by_orjson=True,
+            traceparent=None if trace is None else trace.stored,
         )
     except FlowhookError as exc:
         await domain_error_response(exc)(scope, receive, send)
         return
     await accepted(started)(scope, receive, send)
+    if trace is not None and trace.span is not None:
+        tracing.accepted_span(trace, began, started.run.run_id, flow_id, 202)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypedDict, TypeVar
 from fastapi import Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowhook import tracing
 from flowhook.api.responses import ORJSONResponse
 from flowhook.clock import isoformat
 from flowhook.service.pagination import Page
@@ -193,6 +194,11 @@ class RunRecord(BaseModel):
         description="Why a queued run has not started: its flow's concurrency, throttle or "
         "debounce holds it back (null otherwise).",
     )
+    trace_id: str | None = Field(
+        default=None,
+        description="The W3C trace id the run belongs to (32 hex digits): the one of the "
+        "`traceparent` it was started with, or a new one. Its http steps and webhooks carry it.",
+    )
 
 
 class RunList(BaseModel):
@@ -276,6 +282,7 @@ def run_record(run: Run, *, with_steps: bool = True) -> dict[str, Any]:
         "parent_run_id": (run.scope or {}).get("caller", run.parent_run_id),
         "priority": run.priority,
         "waiting_for": _waiting_for(run),
+        "trace_id": tracing.run_trace(run.run_id, run.traceparent).trace_id,
     }
     if with_steps:
         body["steps"] = [_step(s) for s in run.steps]

@@ -6,11 +6,20 @@ use it alone.
     with Client("http://127.0.0.1:8080", "sk_test_…") as flowhook:
         accepted = flowhook.execute("wf_…", {"order_id": "ord_123"})
         run = flowhook.wait(accepted.run_id)          # SPEC §4.2 polling: 2 s, 30 attempts
+        for event in flowhook.stream(accepted.run_id):  # or live, until the run ends
+            print(event.id, event.event, event.payload)
 """
 
 from flowhook.client._client import AsyncClient, Client
 from flowhook.client._core import TERMINAL, Run, RunAccepted
-from flowhook.client._errors import APIError, FlowhookClientError, SignatureError, WaitTimeout
+from flowhook.client._errors import (
+    APIError,
+    FlowhookClientError,
+    SignatureError,
+    StreamError,
+    WaitTimeout,
+)
+from flowhook.client._stream import TERMINAL_EVENTS, StreamEvent
 from flowhook.client.signatures import verify_signature, verify_webhook
 
 __all__ = [
@@ -19,10 +28,13 @@ __all__ = [
     "Run",
     "RunAccepted",
     "TERMINAL",
+    "StreamEvent",
+    "TERMINAL_EVENTS",
     "APIError",
     "FlowhookClientError",
     "SignatureError",
     "WaitTimeout",
+    "StreamError",
     "verify_signature",
     "verify_webhook",
 ]

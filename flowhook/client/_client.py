@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -11,10 +12,13 @@ import httpx
 from flowhook.client import _calls as calls
 from flowhook.client._core import Call, Run, RunAccepted, api_base, check
 from flowhook.client._errors import WaitTimeout
+from flowhook.client._stream import Resume, StreamEvent, async_events, sync_events
 
 __all__ = ["Client", "AsyncClient"]
 
 USER_AGENT = "flowhook-python"
+STREAM_READ_TIMEOUT = 60.0
+"""Seconds a stream's read may wait: four heartbeats (the server sends one every 15 s)."""
 
 
 def _headers(api_key: str) -> dict[str, str]:
@@ -76,6 +80,22 @@ class Client:
             time.sleep(interval)
             run = self.get_run(run_id)
         raise WaitTimeout(run_id, max_attempts, run.status)
+
+    def stream(
+        self,
+        run_id: str,
+        *,
+        last_event_id: str | None = None,
+        max_retries: int = 5,
+        read_timeout: float = STREAM_READ_TIMEOUT,
+    ) -> Iterator[StreamEvent]:
+        """The run's events as they happen: those so far, then each new one, ending after
+        its terminal event (``flow.completed``, ``flow.failed`` or ``flow.cancelled``).
+        ``last_event_id``: start after that event. A dropped connection is opened again
+        after the last event delivered (``max_retries`` times in a row at most, waiting
+        longer each time), then :class:`StreamError`; no event comes twice."""
+        state = Resume(run_id, last_event_id=last_event_id, max_retries=max_retries)
+        return sync_events(self._http, state, read_timeout)
 
     def list_runs(
         self,
@@ -241,6 +261,18 @@ class AsyncClient:
             await asyncio.sleep(interval)
             run = await self.get_run(run_id)
         raise WaitTimeout(run_id, max_attempts, run.status)
+
+    def stream(
+        self,
+        run_id: str,
+        *,
+        last_event_id: str | None = None,
+        max_retries: int = 5,
+        read_timeout: float = STREAM_READ_TIMEOUT,
+    ) -> AsyncIterator[StreamEvent]:
+        """:meth:`Client.stream` for asyncio: ``async for event in client.stream(run_id)``."""
+        state = Resume(run_id, last_event_id=last_event_id, max_retries=max_retries)
+        return async_events(self._http, state, read_timeout)
 
     async def list_runs(
         self,

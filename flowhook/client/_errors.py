@@ -3,12 +3,13 @@
 FlowhookClientError
  ├── APIError            the service answered non-2xx: ``status``, ``code``, ``error``
  ├── WaitTimeout         ``wait`` ran out of attempts before a terminal status
+ ├── StreamError         ``stream`` could not go on: dropped too often, or a broken event
  └── SignatureError      a webhook's signature is missing or wrong (``reason``)
 """
 
 from __future__ import annotations
 
-__all__ = ["FlowhookClientError", "APIError", "WaitTimeout", "SignatureError"]
+__all__ = ["FlowhookClientError", "APIError", "WaitTimeout", "StreamError", "SignatureError"]
 
 
 class FlowhookClientError(Exception):
@@ -34,6 +35,18 @@ class WaitTimeout(FlowhookClientError):
         self.run_id = run_id
         self.attempts = attempts
         self.last_status = last_status
+
+
+class StreamError(FlowhookClientError):
+    """A run's stream gave up before the run's end: ``reason`` says why; ``last_event_id``
+    is the last event it delivered (pass it to ``stream(..., last_event_id=)`` to go on)."""
+
+    def __init__(self, run_id: str, last_event_id: str | None, reason: str) -> None:
+        after = f" after event {last_event_id}" if last_event_id else ""
+        super().__init__(f"stream of run {run_id} stopped{after}: {reason}")
+        self.run_id = run_id
+        self.last_event_id = last_event_id
+        self.reason = reason
 
 
 class SignatureError(FlowhookClientError):

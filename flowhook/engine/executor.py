@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from flowhook import tracing
 from flowhook.clock import Clock, isoformat
 from flowhook.definition import ExpressionError, Renderer, compile_value, evaluate
 from flowhook.definition.control import FlowControl, throttle_start
 from flowhook.definition.sandbox import weight
-from flowhook.engine import metrics
+from flowhook.engine import metrics, spans
 from flowhook.engine.retry import backoff_seconds
 from flowhook.engine.steps import Context, Outcome, Step, StepEnv, build_step
 from flowhook.engine.steps.base import error as failure
@@ -268,6 +269,8 @@ class Executor:
                 )
         if not await self._apply(progress):
             raise self._lost(run, steps, events)
+        if end.terminal and tracing.ENABLED:
+            tracing.run_span(run, end, changes[-1].values.get("error"), self._clock.now())
 
     def _lost(self, run: Run, steps: list[RunStep], events: list[Event]) -> runs_store.LeaseLost:
         """The error for a write of ``run`` its guard refused. A part keeps what the write
@@ -685,21 +688,29 @@ class Executor:
         limit = min(step.timeout or run_left, run_left)
         env = StepEnv(
             self._clock, self._http, self._allow_private, run.root_run_id or run.run_id,
-            run.flow_id, attempt.number, self._max_map_items,
+            run.flow_id, attempt.number, self._max_map_items, run.run_id, attempt.idx,
+            run.traceparent, {} if tracing.ENABLED else None,
         )  # fmt: skip
         self.in_step.add(run.run_id)
+        outcome: Outcome | None = None
         try:
             async with asyncio.timeout(limit):
                 outcome = await step.run(state.ctx, env)
         except TimeoutError:
-            if step.timeout is None or run_left <= step.timeout:
-                return None
-            outcome = failure("timeout", f"step took longer than {step.timeout:g} s")
+            if step.timeout is not None and run_left > step.timeout:
+                outcome = failure("timeout", f"step took longer than {step.timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - a step that raises fails that step only
             log.warning("run %s: step %s raised %s", run.run_id, step.id, type(exc).__name__)
             outcome = failure("internal", f"{type(exc).__name__}: {exc}")
         finally:
             self.in_step.discard(run.run_id)
+            if env.span is not None:
+                spans.step_span(
+                    run, step, attempt.idx, attempt.number, attempt.started, self._clock.now(),
+                    outcome, env.span,
+                )  # fmt: skip
+        if outcome is None:
+            return None
         self._open.pop(run.run_id, None)
         _check_output(outcome, self._max_output)
         return outcome
@@ -1058,6 +1069,7 @@ class Executor:
             status=RunStatus.QUEUED, payload=spec["payload"], queued_at=now,
             parent_run_id=run.run_id, parent_idx=attempt.idx,
             scope={"depth": depth, "caller": run.root_run_id or run.run_id},
+            traceparent=self._under_step(run, attempt),
         )  # fmt: skip
         if spec["wait"]:
             output = {"run_id": child.run_id, "flow_id": flow.flow_id, "until": spec["until"]}
@@ -1082,6 +1094,13 @@ class Executor:
         state.pending = _Pending()
         run.status = RunStatus.RUNNING
         return RunStatus.RUNNING if spec["wait"] else None
+
+    @staticmethod
+    def _under_step(run: Run, attempt: _Attempt) -> str:
+        """The trace context of a run a step attempt starts (a child run, a part): the
+        trace of ``run``, under the attempt's span."""
+        span_id = tracing.step_span_id(run.run_id, attempt.idx, attempt.number)
+        return tracing.child_traceparent(run.run_id, run.traceparent, span_id)
 
     async def _step_failed(
         self, state: _InFlight, attempt: _Attempt, type_: str, message: str
@@ -1159,6 +1178,7 @@ class Executor:
             self._record(state, attempt.record(StepStatus.COMPLETED, now, Outcome(output=[])))
             state.idx += 1
             return await self._go_on(state, step, Outcome(output=[]))
+        under = self._under_step(run, attempt)
         parts = [
             Run(
                 run_id=new_id("part"),
@@ -1174,6 +1194,7 @@ class Executor:
                 parent_idx=attempt.idx,
                 root_run_id=run.root_run_id or run.run_id,
                 scope={"step": step.id, "depth": (run.scope or {}).get("depth", 0), **spec},
+                traceparent=under,
             )
             for spec in specs
         ]

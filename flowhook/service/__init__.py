@@ -8,6 +8,7 @@ from flowhook.service.approvals import ApprovalService
 from flowhook.service.auth import KeyService, Principal
 from flowhook.service.flows import FlowService
 from flowhook.service.hooks import HookService
+from flowhook.service.overview import OverviewService
 from flowhook.service.pagination import Page
 from flowhook.service.retention import RetentionService
 from flowhook.service.runs import RunService, Started
@@ -46,3 +47,4 @@ class Services:
             max_per_workspace=settings.max_schedules,
         )
         self.retention = RetentionService(db, clock, settings.retention_days)
+        self.overview = OverviewService(db, clock)

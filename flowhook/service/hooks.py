@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 import orjson
 import sqlalchemy.exc as sa_exc
 
+from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.errors import FlowhookError, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import make_event
@@ -69,6 +70,8 @@ class _Payload:
     content_type: str
     payload: dict[str, Any]
     encoded: orjson.Fragment
+    traceparent: str | None = None
+    """The sender's W3C trace context, when valid: the run joins its trace."""
 
 
 class _Refused(FlowhookError):
@@ -197,7 +200,10 @@ class HookService:
             await self._record_refusal(hook, body, content_type, refused.reason)
             raise refused.error from None
         key = _delivery_id(hook, lowered)
-        arrival = _Payload(body, content_type, payload, encoded)
+        caller = tracing.parse(lowered.get("traceparent"))  # invalid: a trace of its own
+        arrival = _Payload(
+            body, content_type, payload, encoded, None if caller is None else str(caller)
+        )
         accept = self._accept if hook.signal is None else self._send
         try:
             return await accept(hook, arrival, key)
@@ -285,7 +291,7 @@ class HookService:
             run = Run(
                 run_id=new_id("run"), workspace_id=hook.workspace_id, mode=hook.mode, flow_id=flow.flow_id,
                 flow_version=flow.version, trigger="webhook", status=RunStatus.QUEUED,
-                payload=arrival.payload, queued_at=now,
+                payload=arrival.payload, queued_at=now, traceparent=arrival.traceparent,
             )  # fmt: skip
             await runs_store.insert_run(conn, run, payload=arrival.encoded)
             if key is not None:

@@ -13,6 +13,7 @@ import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.definition.control import (
     FlowControl,
@@ -119,6 +120,7 @@ class _StartRequest:
     key: str | None
     digest: str | None
     priority: int | None = None
+    traceparent: str | None = None
 
 
 class RunService:
@@ -144,10 +146,12 @@ class RunService:
         idempotency_key: str | None = None,
         parsed_by_orjson: bool = False,
         priority: int | None = None,
+        traceparent: str | None = None,
     ) -> Started:
         """Queue a run: the run row (its own queue entry) is committed before this returns.
         Concurrent calls share a transaction (group commit). ``parsed_by_orjson``: the
-        payload holds no NaN or Infinity (orjson's parser refuses them)."""
+        payload holds no NaN or Infinity (orjson's parser refuses them). ``traceparent``:
+        the trace context the run joins, checked already (:func:`flowhook.tracing.accept`)."""
         if trigger not in TRIGGERS:
             allowed = ", ".join(repr(t) for t in TRIGGERS)
             raise InvalidInput(
@@ -162,7 +166,15 @@ class RunService:
             priority = check_priority(priority, "priority")
         started = await self._group.submit(
             _StartRequest(
-                who, flow_id, payload, encoded, trigger, idempotency_key, digest, priority
+                who,
+                flow_id,
+                payload,
+                encoded,
+                trigger,
+                idempotency_key,
+                digest,
+                priority,
+                traceparent,
             )
         )
         if not started.replayed:
@@ -251,6 +263,7 @@ class RunService:
                 status=RunStatus.QUEUED,
                 payload=req.payload,
                 queued_at=now,
+                traceparent=req.traceparent,
             )
             if control is not None and keys is not None:
                 run.priority = keys.priority
@@ -365,6 +378,10 @@ class RunService:
                 next_step=plan.start,
                 rerun_of=original.run_id,
                 steps=plan.reused,
+                # the rerun joins the trace of the run it reruns, under that run's span
+                traceparent=tracing.child_traceparent(
+                    original.run_id, original.traceparent, tracing.run_span_id(original.run_id)
+                ),
             )
             await self._rerun_keys(flow, run)
             await runs_store.insert_runs(
@@ -493,12 +510,17 @@ class RunService:
                 await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
                 if run.parent_run_id is not None:
                     await children_store.wake_parent(conn, run.parent_run_id, now)
-                return run
-            run = await self._unfinished(conn, who, run_id)  # a worker holds it, or it ended
-            if run.cancel_requested_at is None:
-                await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
-                run.cancel_requested_at = now
-        self._wakeup.notify()
+            else:
+                ended = []
+                run = await self._unfinished(conn, who, run_id)  # a worker holds it, or ended
+                if run.cancel_requested_at is None:
+                    await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
+                    run.cancel_requested_at = now
+        if ended and tracing.ENABLED:  # no worker holds them: their spans end here
+            for r in ended:
+                tracing.run_span(r, "cancelled", None, now)
+        if not ended:
+            self._wakeup.notify()
         return run
 
     async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:

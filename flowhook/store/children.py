@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, text, update
+from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.events import run_duration_ms
@@ -298,14 +298,28 @@ def _key(part: Run) -> str | int | None:
 
 async def branch_steps(conn: AsyncConnection, run_id: str, idxs: Sequence[int]) -> list[RunStep]:
     """The finished step records of the branches that ``run_id``'s ``parallel`` steps at
-    ``idxs`` ran (what later steps reach as ``steps.<id>``)."""
-    parts = (
-        select(runs.c.run_id)
-        .where(runs.c.parent_run_id == run_id, runs.c.parent_idx.in_(list(idxs)))
-        .scalar_subquery()
-    )
-    q = select(run_steps).where(run_steps.c.run_id.in_(parts), run_steps.c.status == "completed")
-    return [RunStep.from_row(r) for r in (await conn.execute(q)).all()]
+    ``idxs`` ran (what later steps reach as ``steps.<id>``), and of the branches of the
+    ``parallel`` steps those branches ran, however deep: one read a level."""
+    found: list[RunStep] = []
+    frontier: dict[str, list[int]] = {run_id: list(idxs)}
+    while frontier:
+        holders = or_(
+            *(
+                and_(runs.c.parent_run_id == holder, runs.c.parent_idx.in_(at))
+                for holder, at in frontier.items()
+            )
+        )
+        parts = select(runs.c.run_id).where(holders).scalar_subquery()
+        q = select(run_steps).where(
+            run_steps.c.run_id.in_(parts), run_steps.c.status == "completed"
+        )
+        frontier = {}
+        for row in (await conn.execute(q)).all():
+            step = RunStep.from_row(row)
+            found.append(step)
+            if step.type == "parallel":  # completed: its own branches are reached too
+                frontier.setdefault(row.run_id, []).append(step.idx)
+    return found
 
 
 async def reached_branch_steps(

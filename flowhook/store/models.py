@@ -226,6 +226,9 @@ class Run:
     debounce_key: str | None = None
     due_at: datetime | None = None
     """When the run last fell due (a debounced run: when it may start)."""
+    traceparent: str | None = None
+    """The W3C trace context its span lives under (``None``: a trace derived from its id,
+    see :mod:`flowhook.tracing`)."""
     steps: list[RunStep] = field(default_factory=list)
 
     @classmethod
@@ -236,11 +239,13 @@ class Run:
     def to_row(self, payload: Any = None) -> dict[str, Any]:
         """The columns of a newly queued run, due at :attr:`due_at` (default: at once);
         ``payload``: the payload already encoded (default: :attr:`payload`, encoded by the
-        store). A run under flow control has columns of its own, so a batch of rows is
-        written in one statement per column set."""
+        store). A run under flow control, or with a trace context, has columns of its own,
+        so a batch of rows is written in one statement per column set."""
         names = _RUN_INSERT if self.parent_run_id is None else _RUN_INSERT_NESTED
         if self.controlled:
             names = (*names, *_RUN_CONTROL)
+        if self.traceparent is not None:
+            names = (*names, "traceparent")
         due = self.queued_at if self.due_at is None else self.due_at
         return to_row(
             self,

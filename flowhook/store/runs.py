@@ -97,12 +97,12 @@ async def insert_runs(
         return
     if payloads is not None and len(payloads) != len(batch):
         raise ValueError("one encoded payload per run")
-    shapes: dict[bool, list[dict[str, Any]]] = {}
+    shapes: dict[tuple[bool, bool], list[dict[str, Any]]] = {}
     for i, (run, key, digest) in enumerate(batch):
         row = run.to_row(None if payloads is None else payloads[i])
         row["idempotency_key"] = key
         row["request_hash"] = digest
-        shapes.setdefault(run.controlled, []).append(row)
+        shapes.setdefault((run.controlled, run.traceparent is not None), []).append(row)
     for rows in shapes.values():  # one statement per column set
         await bulk.insert(conn, runs, rows)
     conn.info.setdefault("wake", set()).add("runs")

@@ -180,6 +180,9 @@ runs = Table(
     Column("throttle_key", String(255)),
     _at("throttle_at", required=False),
     Column("debounce_key", String(255)),
+    # The W3C trace context the run's span lives under (flowhook/tracing.py); NULL: a trace
+    # of its own, derived from run_id.
+    Column("traceparent", String(55)),
     UniqueConstraint("workspace_id", "mode", "idempotency_key"),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
@@ -222,6 +225,18 @@ _partial(  # the run a debounced execute may still join
 _partial(  # a run's parts (branches, map items): nested approvals and targeted signals
     "ix_runs_root", "root_run_id IS NOT NULL", runs.c.root_run_id
 )
+
+# The overview page's (flowhook/store/overview.py): runs by status over time, completed runs'
+# durations by flow, and the queued runs by due time.
+_partial(
+    "ix_runs_overview", "root_run_id IS NULL",
+    runs.c.workspace_id, runs.c.mode, runs.c.status, runs.c.queued_at,
+)  # fmt: skip
+_partial(
+    "ix_runs_completed", "status = 'completed' AND root_run_id IS NULL",
+    runs.c.flow_id, runs.c.finished_at, runs.c.duration_ms,
+)  # fmt: skip
+_partial("ix_runs_queued", "status = 'queued'", runs.c.workspace_id, runs.c.mode, runs.c.due_at)
 
 run_steps = Table(
     "run_steps",
@@ -324,6 +339,10 @@ deliveries = Table(
     Index(None, "endpoint_id", "status", "created_at"),
     Index(None, "event_id"),
 )
+_partial(  # the overview page's pending deliveries, oldest first
+    "ix_deliveries_pending", "status = 'pending'",
+    deliveries.c.workspace_id, deliveries.c.mode, deliveries.c.created_at,
+)  # fmt: skip
 
 delivery_attempts = Table(
     "delivery_attempts",

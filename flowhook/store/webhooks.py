@@ -28,6 +28,7 @@ from flowhook.store.tables import (
     delivery_attempts,
     endpoint_events,
     events,
+    runs,
     webhook_endpoints,
 )
 
@@ -322,6 +323,10 @@ class DueDelivery:
     created_at: datetime
     ordering: str | None = None
     rate_limit: float | None = None
+    run_id: str | None = None
+    flow_id: str | None = None
+    traceparent: str | None = None
+    """The trace context of the event's run (read with the claim: no query of its own)."""
 
     @classmethod
     def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
@@ -351,6 +356,9 @@ _DUE_COLUMNS = (
     _D.created_at,
     _EP.ordering,
     _EP.rate_limit,
+    _D.run_id,
+    events.c.flow_id,
+    runs.c.traceparent,
 )
 
 
@@ -407,6 +415,7 @@ async def claim_deliveries(
         select(*_DUE_COLUMNS)
         .join(events, events.c.id == _D.event_id)
         .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
+        .outerjoin(runs, runs.c.run_id == _D.run_id)  # by primary key: its trace context
         .where(_D.id.in_([r.id for r in claimed]))
         .order_by(_D.created_at)
     )

@@ -1,4 +1,5 @@
-"""Pages: sign in with an API key, Settings → Webhooks, deliveries, runs and flows.
+"""Pages: sign in with an API key (landing on the overview, flowhook/web/overview.py), Settings →
+Webhooks, deliveries, runs and flows.
 
 Every page reads through the same services as the API, as the session's workspace and mode;
 every form carries the session's CSRF token and is refused without it.
@@ -7,6 +8,7 @@ every form carries the session's CSRF token and is refused without it.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,9 +31,11 @@ from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
 from flowhook.store.sessions import WebSession
 from flowhook.web.security import foreign_origin, secure_cookie
 
-__all__ = ["router", "render_error", "COOKIE", "STATIC_DIR"]
+__all__ = ["router", "render_error", "COOKIE", "LANDING", "STATIC_DIR"]
 
 COOKIE = "flowhook_session"
+LANDING = "/overview"
+"""Where a signed-in browser starts."""
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -138,7 +142,7 @@ def install(app: Any) -> None:
 @router.get("/")
 async def home(request: Request, services: ServicesDep) -> Response:
     found = await services.sessions.resume(request.cookies.get(COOKIE))
-    return redirect("/runs" if found else "/signin")
+    return redirect(LANDING if found else "/signin")
 
 
 @router.get("/signin")
@@ -172,7 +176,7 @@ async def signin(request: Request, services: ServicesDep) -> Response:
             },
             status_code=401,
         )
-    response = redirect("/runs")
+    response = redirect(LANDING)
     response.set_cookie(
         COOKIE,
         token,
@@ -437,12 +441,14 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     template = "run_body.html" if p.request.query_params.get("partial") else "run.html"
     children = await p.services.runs.children(p.who, run_id)
     names = {c.flow_id: await _flow_name(p, c.flow_id) for c in children.values()}
+    tree = _tree(r.steps, _timeline(r, datetime.now(UTC)), r.status if r.status.terminal else None)
     return p.render(
         template,
         code,
         r=r,
         flow_name=await _flow_name(p, r.flow_id),
-        tree=_tree(r.steps, _timeline(r, datetime.now(UTC))),
+        tree=tree,
+        decidable=_decidable(tree),
         children=children,
         child_flow_names=names,
         events=events,
@@ -491,6 +497,12 @@ class _Node:
     bar: tuple[float, float] | None
     groups: list[_Group] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    shown: str = ""
+    """The status the page shows: the record's, but a step still waiting or running when
+    its run (or its branch or item) ended shows how that ended (see :func:`_stopped`)."""
+
+    def __post_init__(self) -> None:
+        self.shown = self.shown or str(self.step.status)
 
 
 @dataclass
@@ -503,9 +515,14 @@ class _Group:
     status: str = ""
 
 
-def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[_Node]:
+def _tree(
+    steps: list[RunStep],
+    bars: list[tuple[float, float] | None],
+    ended: RunStatus | None = None,
+) -> list[_Node]:
     """The run's step records (nested ones after their ``parallel`` or ``map`` step, deeper
-    ones after theirs) as a tree: branches by name, items by index."""
+    ones after theirs) as a tree: branches by name, items by index. ``ended``: how the run
+    ended, if it has."""
     nodes = [_Node(s, b) for s, b in zip(steps, bars, strict=True)]
     top: list[_Node] = []
     stack: list[_Node] = []
@@ -523,7 +540,41 @@ def _tree(steps: list[RunStep], bars: list[tuple[float, float] | None]) -> list[
         stack.append(node)
     for node in nodes:
         _settle_groups(node)
+    _stopped(top, str(ended) if ended is not None else None)
     return top
+
+
+_UNSETTLED = frozenset({StepStatus.WAITING, StepStatus.RUNNING, StepStatus.RETRYING})
+_ENDED = frozenset({"completed", "failed", "cancelled", "not started"})
+
+
+def _stopped(members: list[_Node], how: str | None) -> None:
+    """Steps whose record still says waiting, running or retrying although what holds them
+    (the run, or their branch or item; ``how`` it ended, ``None`` while it goes on) has
+    ended: the record stays as the step left it, never run on, and the page says
+    ``cancelled`` when their holder was, else ``stopped``."""
+    for node in members:
+        if how is not None and node.step.status in _UNSETTLED:
+            node.shown = "cancelled" if how == "cancelled" else "stopped"
+        for group in node.groups:
+            _stopped(group.members, group.status if group.status in _ENDED else how)
+
+
+def _decidable(members: list[_Node]) -> set[str]:
+    """The ``approval`` steps the page can decide by step id: those one request waits on. A
+    map whose items each wait on the same step has several; each item's request is decided
+    through its own approve and reject links."""
+    waiting: Counter[str] = Counter()
+
+    def walk(nodes: list[_Node]) -> None:
+        for node in nodes:
+            if node.step.type == "approval" and node.shown == "waiting":
+                waiting[node.step.step_id] += 1
+            for group in node.groups:
+                walk(group.members)
+
+    walk(members)
+    return {step_id for step_id, n in waiting.items() if n == 1}
 
 
 def _label(branch: str | None, index: int | None) -> str:

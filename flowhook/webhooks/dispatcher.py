@@ -31,6 +31,7 @@ from functools import partial
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.consumer import Consumer
 from flowhook.errors import StoreUnavailable
@@ -190,16 +191,22 @@ class Dispatcher(Consumer):
                 if not await self._lease_covers_request(due, started):
                     return  # another process holds it now: it sends this attempt
                 assert due.url is not None
+                headers = self._headers(due, number, started)
+                trace = _trace(due)
+                span_id = tracing.delivery_span_id(due.id, number)
+                headers["traceparent"] = tracing.header(trace, span_id)
                 result = await send(
                     self.http,
                     due.url,
                     due.body,
-                    self._headers(due, number, started),
+                    headers,
                     timeout=self.timeout,
                     allow_private=self.allow_private,
                     retry_throttled=self.retry_throttled,
                 )
         finished = self.clock.now()
+        if tracing.ENABLED:
+            _attempt_span(due, number, trace, span_id, started, finished, result)
         await self._complete(self._outcome(due, number, started, finished, result))
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
         if result.delivered:
@@ -347,3 +354,41 @@ class Dispatcher(Consumer):
                 log.warning(
                     "endpoint %s disabled: only failures for %s", c.endpoint_id, self.disable_after
                 )
+
+
+def _trace(due: store.DueDelivery) -> tracing.TraceParent:
+    """The trace a delivery attempt belongs to: its event's run's, under the run's span; an
+    event of no run (a test event) starts a trace of its own."""
+    if due.run_id is None:
+        return tracing.TraceParent(tracing.new_trace_id(), "0" * 16)
+    trace = tracing.run_trace(due.run_id, due.traceparent)
+    return tracing.TraceParent(trace.trace_id, tracing.run_span_id(due.run_id), trace.flags)
+
+
+def _attempt_span(
+    due: store.DueDelivery,
+    number: int,
+    trace: tracing.TraceParent,
+    span_id: str,
+    started: datetime,
+    finished: datetime,
+    result: Result,
+) -> None:
+    """Export the span of one delivery attempt (OpenTelemetry on)."""
+    assert due.url is not None
+    attributes = tracing.http_attributes("POST", due.url, result.status_code)
+    attributes.update(
+        {
+            "flowhook.delivery_id": due.id, "flowhook.event_id": due.event_id,
+            "flowhook.event": due.event_type, "flowhook.endpoint_id": due.endpoint_id,
+            "flowhook.delivery_attempt": number,
+        }
+    )  # fmt: skip
+    if due.run_id is not None:
+        attributes["flowhook.run_id"] = due.run_id
+    if due.flow_id is not None:
+        attributes["flowhook.flow_id"] = due.flow_id
+    tracing.emit(
+        "webhook delivery", trace=trace, span_id=span_id, start_at=started, end_at=finished,
+        kind="client", attributes=attributes, error=result.error_class,
+    )  # fmt: skip

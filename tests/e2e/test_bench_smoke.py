@@ -57,3 +57,18 @@ def test_one_broadcast_resumes_exactly_its_batch_of_waiting_runs() -> None:
         assert f"{backend}: 300 runs waiting" in done.stdout, done.stdout
     assert done.stdout.count("matching 100, all 100 completed") == len(backends.split(","))
     assert done.stdout.count("200 still waiting") == len(backends.split(","))
+
+
+def test_the_overview_bench_runs_on_both_backends() -> None:
+    """bench/overview.py, small: it writes its runs, the page sees the day's runs (the bench
+    fails otherwise), and every read is timed on each backend."""
+    backends = ["sqlite", "postgresql"] if PG_URL else ["sqlite"]
+    command = [sys.executable, str(ROOT / "bench" / "overview.py"), "--runs", "5000"]
+    command += ["--deliveries", "3000", "--repeat", "1", "--backends", ",".join(backends)]
+    if PG_URL:
+        command += ["--postgres-url", PG_URL]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # a line per backend, then the table's row
+    assert done.stdout.count("whole page (two connections at once)") == len(backends) + 1
+    assert "| queue depth and ages |" in done.stdout

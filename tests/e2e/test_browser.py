@@ -109,9 +109,9 @@ def test_settings_screen_end_to_end(app: Server, receiver: str, page: Any) -> No
     shot(page, "01-sign-in")
     page.fill("#api_key", key)
     page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs$"))
+    page.wait_for_url(re.compile(r"/overview$"))
     assert page.inner_text(".mode") == "SANDBOX" or page.inner_text(".mode").lower() == "sandbox"
-    shot(page, "02-runs-empty")
+    shot(page, "02-overview-empty")
 
     # Add an endpoint choosing two events.
     page.click("text=Webhooks")
@@ -232,7 +232,7 @@ def sign_in(page: Any, app: Server) -> None:
     page.goto(app.base + "/signin")
     page.fill("#api_key", app.value("sandbox key"))
     page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs$"))
+    page.wait_for_url(re.compile(r"/overview$"))
 
 
 def test_rerun_from_the_run_page(app: Server, receiver: str, page: Any) -> None:
@@ -462,7 +462,49 @@ def test_the_run_page_draws_parallel_and_map_as_a_tree(app: Server, page: Any) -
     assert [items.nth(i).get_attribute("data-status") for i in range(items.count())] == [
         "completed", "cancelled", "failed", "cancelled", "not started"
     ]  # fmt: skip
+    # the waits of the cancelled items read cancelled, not waiting (their records still wait)
+    holds = page.locator("li[data-step=each] .item li[data-step=hold] > .row .pill")
+    assert [holds.nth(i).inner_text() for i in range(holds.count())] == [
+        "skipped", "cancelled", "completed", "cancelled"
+    ]  # fmt: skip
     shot(page, "25-run-tree")
+    api.close()
+
+
+def test_a_nested_approval_is_decided_from_the_run_page(app: Server, page: Any) -> None:
+    """An approval in a parallel's branch has its Approve and Reject buttons on the run's
+    page; approving it lets the branch and the run go on."""
+    api = httpx.Client(
+        base_url=app.base, headers={"Authorization": f"Bearer {app.value('sandbox key')}"}
+    )
+    flow = {
+        "name": "Refund with checks",
+        "steps": [
+            {"id": "checks", "type": "parallel", "branches": {
+                "fraud": [{"id": "score", "type": "transform", "output": {"score": 3}}],
+                "people": [{"id": "manager", "type": "approval",
+                            "message": "Refund {{ payload.amount }} EUR?"},
+                           {"id": "noted", "type": "transform", "output": {"ok": True}}]}},
+        ],
+    }  # fmt: skip
+    flow_id = api.post("/api/v1/flows", json=flow).json()["flow_id"]
+    body = {"flow_id": flow_id, "payload": {"amount": 80}}
+    run_id = api.post("/api/v1/flows/execute", json=body).json()["run_id"]
+    for _ in range(200):
+        steps = api.get(f"/api/v1/flows/runs/{run_id}").json()["steps"]
+        if any((s["id"], s["status"]) == ("manager", "waiting") for s in steps):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the approval never waited: {steps}")
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs/{run_id}")
+    assert "Refund 80 EUR?" in page.inner_text("li[data-step=manager] .waitfor")
+    assert "Waiting for its branches to end." in page.inner_text("li[data-step=checks] .waitfor")
+    shot(page, "25b-nested-approval")
+    page.click("li[data-step=manager] form.decide button[value=approve]")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    assert "Approved by the settings screen" in page.inner_text("li[data-step=manager]")
     api.close()
 
 

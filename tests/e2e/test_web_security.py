@@ -64,7 +64,7 @@ def test_sign_in_only_from_our_own_pages(tmp_path: Path, database_url: str) -> N
             )
 
             r = sign_in(client, key, Origin=server.base, **{"X-Forwarded-Proto": "https"})
-            assert r.status_code == 303 and r.headers["location"] == "/runs"
+            assert r.status_code == 303 and r.headers["location"] == "/overview"
             cookie = r.headers["set-cookie"]
             assert cookie.startswith("flowhook_session=") and "HttpOnly" in cookie
             assert "secure" not in cookie.lower()  # plain http, whatever the client claims

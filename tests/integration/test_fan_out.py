@@ -513,3 +513,89 @@ async def test_a_signal_to_the_run_resumes_each_item_s_wait_and_an_item_s_approv
     assert r.status_code == 409 and r.json()["code"] == "ambiguous_step", r.text
     assert "2 items" in r.json()["error"]
     assert (await api.post(f"/api/v1/flows/runs/{run_id}/cancel")).status_code in (200, 202)
+
+
+async def test_steps_of_a_parallel_inside_a_branch_are_reached_after_the_outer_one(
+    api: Api,
+) -> None:
+    """`steps.<id>` reaches any finished step: those of a parallel nested in a branch too."""
+    flow = {
+        "name": "deep",
+        "steps": [
+            {
+                "id": "outer",
+                "type": "parallel",
+                "branches": {
+                    "a": [
+                        {
+                            "id": "inner",
+                            "type": "parallel",
+                            "branches": {
+                                "x": [{"id": "x1", "type": "transform", "output": {"v": 1}}],
+                                "y": [{"id": "y1", "type": "transform", "output": {"v": 2}}],
+                            },
+                        },
+                        {
+                            "id": "a2",
+                            "type": "transform",
+                            "output": {"s": "{{ steps.inner.output.x.v + steps.x1.output.v }}"},
+                        },
+                    ],
+                    "b": [{"id": "b1", "type": "transform", "output": {"v": 3}}],
+                },
+            },
+            {
+                "id": "after",
+                "type": "transform",
+                "output": {
+                    "i": "{{ steps.inner.output.y.v }}",
+                    "x": "{{ steps.x1.output.v }}",
+                    "a2": "{{ steps.a2.output.s }}",
+                    "b": "{{ steps.b1.output.v }}",
+                },
+            },
+        ],
+        "output": {"r": "{{ steps.after.output }}"},
+    }
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {})
+    done = await api.wait(run_id)
+    assert done["status"] == "completed", done
+    assert done["output"] == {"r": {"i": 2, "x": 1, "a2": 2, "b": 3}}
+
+
+async def test_cancelling_a_run_interrupts_a_nested_step_in_flight(api: Api) -> None:
+    """A branch's python step sleeping a minute is cut short by the user's cancel: the run
+    and both its branches end cancelled within seconds, not after the minute."""
+    flow = {
+        "name": "a long branch",
+        "steps": [
+            {"id": "both", "type": "parallel", "branches": {
+                "slow": [{"id": "nap", "type": "python", "function": "nap", "input": 60}],
+                "idle": [{"id": "hold", "type": "wait", "signal": "never"}]}},
+        ],
+    }  # fmt: skip
+    run_id = await api.execute(await api.create_flow(flow))
+    async with asyncio.timeout(10):
+        while True:
+            run = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+            now = {s["id"]: s["status"] for s in run["steps"]}
+            if now.get("nap") == "running" and now.get("hold") == "waiting":
+                break
+            await asyncio.sleep(0.05)
+    assert (await api.post(f"/api/v1/flows/runs/{run_id}/cancel")).status_code in (200, 202)
+    done = await api.wait(run_id, timeout=15)
+    assert done["status"] == "cancelled", done
+    db = api.app.state.services.db
+    from sqlalchemy import select
+
+    from flowhook.store.tables import runs
+
+    async with asyncio.timeout(15):
+        while True:
+            async with db.read() as conn:
+                q = select(runs.c.status).where(runs.c.root_run_id == run_id)
+                statuses = (await conn.execute(q)).scalars().all()
+            if sorted(statuses) == ["cancelled", "cancelled"]:
+                break
+            await asyncio.sleep(0.05)

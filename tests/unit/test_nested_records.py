@@ -8,7 +8,7 @@ from typing import Any
 
 from flowhook.store.children import with_nested
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
-from flowhook.web.routes import _tree
+from flowhook.web.routes import _decidable, _tree
 
 NOW = datetime(2026, 11, 24, tzinfo=UTC)
 
@@ -76,3 +76,39 @@ def test_a_stopped_map_counts_every_item_those_never_started_too() -> None:
         ("item 3", "cancelled"), ("item 4", "not started"),
     ]  # fmt: skip
     assert each.counts == {"completed": 1, "cancelled": 2, "failed": 1, "not started": 1}
+
+
+def test_a_step_left_waiting_reads_as_its_holder_ended() -> None:
+    """A wait whose item was cancelled reads cancelled; a wait left when the run failed
+    reads stopped; one still going reads waiting."""
+    waiting = RunStep(idx=0, step_id="hold", type="wait", status=StepStatus.WAITING, attempts=1)
+    how = [RunStatus.CANCELLED, RunStatus.RUNNING]
+    parts = []
+    for i, status in enumerate(how):
+        p = part(f"part_{i}", "run_1", 0, step="each", index=i)
+        p.status = status
+        parts.append((p, [waiting]))
+    records = with_nested([step(0, "each", "map")], parts, "run_1")
+    [each] = _tree(records, [None] * len(records))
+    assert [g.members[0].shown for g in each.groups] == ["cancelled", "waiting"]
+    [each] = _tree(records, [None] * len(records), RunStatus.FAILED)
+    assert [g.members[0].shown for g in each.groups] == ["cancelled", "stopped"]
+    top = [RunStep(idx=0, step_id="pause", type="delay", status=StepStatus.WAITING, attempts=1)]
+    assert [n.shown for n in _tree(top, [None], RunStatus.CANCELLED)] == ["cancelled"]
+
+
+def test_the_page_decides_an_approval_only_one_request_waits_on() -> None:
+    """A branch's approval is decided from the page by its step id; a map whose items each
+    wait on the same step is not (each item's links decide it)."""
+    asks = RunStep(idx=0, step_id="ask", type="approval", status=StepStatus.WAITING, attempts=1)
+    ok = RunStep(idx=0, step_id="ok", type="approval", status=StepStatus.WAITING, attempts=1)
+    running = []
+    for i in range(2):
+        p = part(f"item_{i}", "run_1", 1, step="each", index=i)
+        p.status = RunStatus.RUNNING
+        running.append((p, [asks]))
+    branch = part("branch_a", "run_1", 0, step="both", branch="a")
+    branch.status = RunStatus.RUNNING
+    top = [step(0, "both", "parallel"), step(1, "each", "map")]
+    records = with_nested(top, [(branch, [ok]), *running], "run_1")
+    assert _decidable(_tree(records, [None] * len(records))) == {"ok"}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Header, Query
 from starlette.responses import Response
 
+from flowhook import tracing
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.fast import accepted
 from flowhook.api.models import (
@@ -43,7 +45,16 @@ async def execute(
         str | None,
         Header(description="Same key and body within 24 h return the same run; another body, 409."),
     ] = None,
+    traceparent: Annotated[
+        str | None,
+        Header(
+            description="W3C Trace Context: the run joins this trace (its http steps and "
+            "webhooks carry it); an invalid value is ignored and the run gets a new trace."
+        ),
+    ] = None,
 ) -> Response:
+    began = time.time()
+    trace = tracing.accept(traceparent)
     started = await services.runs.start(
         who,
         flow_id=body.flow_id,
@@ -51,7 +62,9 @@ async def execute(
         trigger=body.trigger,
         idempotency_key=idempotency_key,
         priority=body.priority,
+        traceparent=trace.stored,
     )
+    tracing.accepted_span(trace, began, started.run.run_id, body.flow_id, 202)
     return accepted(started)
 
 

@@ -45,6 +45,14 @@ class StepEnv:
     attempt: int
     max_map_items: int = 1000
     """``FLOWHOOK_MAX_MAP_ITEMS``: the longest list a ``map`` step takes."""
+    row_id: str = ""
+    """The run row the step runs in (a part's own id, unlike ``run_id``), and the step's
+    index there: with ``attempt`` they name the attempt's span (:mod:`flowhook.tracing`)."""
+    idx: int = 0
+    traceparent: str | None = None
+    """The run row's stored trace context (``None``: derived from ``row_id``)."""
+    span: dict[str, Any] | None = None
+    """Attributes a step adds to its span; a dict only while spans are exported."""
 
 
 class Step(Protocol):

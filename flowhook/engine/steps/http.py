@@ -4,7 +4,8 @@
 json | body}``. A non-2xx answer is a step error unless its code is in ``accept_status``.
 Redirects are not followed (a redirect could lead past the target guard). The request
 carries ``Idempotency-Key: <run_id>:<step_id>``, the same on every attempt, so a receiver can
-drop a retried duplicate. Default timeout 30 s.
+drop a retried duplicate, and ``traceparent`` with the run's trace id and the attempt's own
+span id (W3C Trace Context; a ``traceparent`` the step sets itself wins). Default timeout 30 s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from flowhook import tracing
 from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.definition.requests import request_problem
 from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
@@ -55,6 +57,12 @@ class HttpStep:
             return error("invalid_request", problem)
         if not any(k.lower() == "idempotency-key" for k in headers):
             headers["Idempotency-Key"] = f"{env.run_id}:{self.id}"
+        if not any(k.lower() == "traceparent" for k in headers):
+            trace = tracing.run_trace(env.row_id or env.run_id, env.traceparent)
+            span_id = tracing.step_span_id(env.row_id or env.run_id, env.idx, env.attempt)
+            headers["traceparent"] = tracing.header(trace, span_id)
+        if env.span is not None:
+            env.span.update(tracing.http_attributes(method, url, None))
         params = {
             str(k): v if isinstance(v, str) else orjson.dumps(v).decode()
             for k, v in (request.get("query") or {}).items()
@@ -87,6 +95,8 @@ class HttpStep:
         except (TargetRefused, aiohttp.ClientError) as exc:
             return error(*classify(exc, where=f"{url}: "))
         status = output["status_code"]
+        if env.span is not None:
+            env.span["http.response.status_code"] = status
         if 200 <= status < 300 or status in self._accept:
             return Outcome(output=output)
         return Outcome(
