@@ -379,9 +379,16 @@ class Receiver:
         self._reached.clear()
 
 
+KEEPALIVE = 4.0  # seconds an idle client connection is kept: below the server's 5 s
+
+
 @contextlib.asynccontextmanager
 async def client(server: Server, connections: int = 128) -> AsyncIterator[aiohttp.ClientSession]:
-    connector = aiohttp.TCPConnector(limit=connections)
+    # Idle connections are dropped before the server would drop them (uvicorn closes a
+    # keep-alive connection after 5 s idle; aiohttp keeps one 15 s by default): a request sent
+    # on a connection the server is closing at that moment is reset. That was the suite's
+    # "ClientOSError: Can not write request body" (bench/ka_probe.py shows it).
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE)
     async with aiohttp.ClientSession(
         base_url=server.base, headers=server.auth, connector=connector
     ) as http:
