@@ -14,10 +14,13 @@ are read and divided by the number of runs:
   SQLite      the ``dbstat`` virtual table after a WAL checkpoint: the pages of each table and
               index (``pgsize``, what the file holds) and the bytes of those pages in use;
               then the file's size.
-  PostgreSQL  ``pg_relation_size`` of each table (with its TOAST) and of each index as
-              written, with the dead row versions the runs' updates leave until (auto)vacuum
-              reuses them; and after ``VACUUM FULL`` (what the live rows take; a database in
-              use sits between the two, as vacuum lets new rows reuse the space).
+  PostgreSQL  ``pg_relation_size`` of each table (with its TOAST) and of each index. A run's
+              updates leave dead row versions until (auto)vacuum makes their space
+              reusable, so the figure is what a run costs once vacuum keeps up: after the
+              first ``--runs``, a plain ``VACUUM`` (what autovacuum does), then ``--runs``
+              more, and how much each relation grew while they ran, per run. Then, with
+              ``VACUUM FULL``, what the live rows take; and the whole database's size over
+              every run, as written (dead versions of the first batch included).
 
 Only the tables and indexes a run writes to are listed; the rows each table holds per run
 are printed too, so a different run shape shows. Target (issue 20): at most 3 KB a run on
@@ -48,32 +51,42 @@ TABLES = ("runs", "run_steps", "events", "deliveries", "delivery_attempts")
 TARGETS = {"sqlite": 3072, "postgresql": 4096}
 
 
-async def _push(server: Server, runs: int) -> None:
+async def _push(server: Server, runs: int, between: Any = None) -> None:
+    """``runs`` runs through the API, until every webhook arrived and every delivery's
+    outcome is written; with ``between`` (a coroutine function), that is awaited and then
+    ``runs`` more are pushed the same way."""
     async with Receiver() as receiver, client(server) as http:
         flow_id = await create_flow(http)
         await subscribe(http, receiver, ["flow.completed"])
-        todo = iter(range(runs))
+        for batch in (0, 1) if between is not None else (0,):
+            if batch:
+                await between()
+            todo = iter(range(runs))
 
-        async def submitter() -> None:
-            for n in todo:  # no Idempotency-Key: most callers send none
-                body = {"flow_id": flow_id, "payload": {"n": n}}
-                async with http.post("/api/v1/flows/execute", json=body) as r:
-                    if r.status != 202:
-                        raise RuntimeError(f"execute answered {r.status}: {await r.text()}")
+            async def submitter(todo: Any = todo) -> None:
+                for n in todo:  # no Idempotency-Key: most callers send none
+                    body = {"flow_id": flow_id, "payload": {"n": n}}
+                    async with http.post("/api/v1/flows/execute", json=body) as r:
+                        if r.status != 202:
+                            raise RuntimeError(f"execute answered {r.status}: {await r.text()}")
 
-        await asyncio.gather(*(submitter() for _ in range(64)))
-        await receiver.wait_for_count(runs, timeout=max(180, runs / 20))
-        if receiver.bad_signatures:
-            raise RuntimeError(f"{receiver.bad_signatures} webhooks had a bad signature")
-        # The delivery's outcome is written just after the receiver answered: wait for it.
-        for _ in range(600):
-            async with http.get(
-                "/api/v1/webhooks/deliveries", params={"status": "pending", "limit": 1}
-            ) as r:
-                if r.status == 200 and not (await r.json())["data"]:
-                    return
-            await asyncio.sleep(0.1)
-        raise RuntimeError("deliveries still pending a minute after the last webhook arrived")
+            await asyncio.gather(*(submitter() for _ in range(64)))
+            await receiver.wait_for_count(runs * (batch + 1), timeout=max(180, runs / 20))
+            if receiver.bad_signatures:
+                raise RuntimeError(f"{receiver.bad_signatures} webhooks had a bad signature")
+            await _settled(http)
+
+
+async def _settled(http: Any) -> None:
+    """The delivery's outcome is written just after the receiver answered: wait for it."""
+    for _ in range(600):
+        async with http.get(
+            "/api/v1/webhooks/deliveries", params={"status": "pending", "limit": 1}
+        ) as r:
+            if r.status == 200 and not (await r.json())["data"]:
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("deliveries still pending a minute after the last webhook arrived")
 
 
 Sizes = dict[str, tuple[float, float]]
@@ -101,7 +114,26 @@ def _sqlite_sizes(path: Path) -> tuple[dict[str, str], Sizes, dict[str, int], fl
     return owners, sizes, rows, float(os.path.getsize(path))
 
 
-async def _postgres_sizes(url: str) -> tuple[dict[str, str], Sizes, dict[str, int], float]:
+_PG_SIZES = (
+    "SELECT c.relname AS name, pg_relation_size(c.oid)"
+    " + CASE WHEN c.reltoastrelid <> 0"
+    "   THEN pg_total_relation_size(c.reltoastrelid) ELSE 0 END AS size"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')"
+)
+"""A table's own pages and its TOAST (with the TOAST's index); an index's pages."""
+
+
+async def _pg_measure(conn: asyncpg.Connection) -> dict[str, float]:
+    return {r["name"]: float(r["size"]) for r in await conn.fetch(_PG_SIZES)}
+
+
+async def _postgres_sizes(
+    url: str, after_vacuum: dict[str, float], runs: int
+) -> tuple[dict[str, str], Sizes, dict[str, int], float]:
+    """Per relation: (growth while the second batch of ``runs`` ran, over the sizes after
+    the VACUUM that followed the first; size after VACUUM FULL, both batches); sizes are
+    divided by the runs they hold by the caller, so the growth is doubled here."""
     conn = await asyncpg.connect(url)
     try:
         owners = {
@@ -114,29 +146,28 @@ async def _postgres_sizes(url: str) -> tuple[dict[str, str], Sizes, dict[str, in
                 " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')"
             )
         }
-
-        async def measure() -> dict[str, float]:
-            # a table's own pages and its TOAST (with the TOAST's index); an index's pages
-            return {
-                r["name"]: float(r["size"])
-                for r in await conn.fetch(
-                    "SELECT c.relname AS name, pg_relation_size(c.oid)"
-                    " + CASE WHEN c.reltoastrelid <> 0"
-                    "   THEN pg_total_relation_size(c.reltoastrelid) ELSE 0 END AS size"
-                    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                    " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')"
-                )
-            }
-
-        written = await measure()
+        written = await _pg_measure(conn)
         rows = {t: int(await conn.fetchval(f'SELECT count(*) FROM "{t}"')) for t in TABLES}
         total = float(await conn.fetchval("SELECT pg_database_size(current_database())"))
         for t in TABLES:
             await conn.execute(f'VACUUM FULL "{t}"')
-        compact = await measure()
+        compact = await _pg_measure(conn)
     finally:
         await conn.close()
-    return owners, {n: (written[n], compact.get(n, 0.0)) for n in written}, rows, total
+    grown = {n: 2 * (written[n] - after_vacuum.get(n, 0.0)) for n in written}
+    return owners, {n: (grown[n], compact.get(n, 0.0)) for n in written}, rows, total
+
+
+async def _pg_vacuum(url: str) -> dict[str, float]:
+    """VACUUM (what autovacuum does: dead row versions' space reusable, the files as they
+    are) the tables a run writes; their sizes then."""
+    conn = await asyncpg.connect(url)
+    try:
+        for t in TABLES:
+            await conn.execute(f'VACUUM "{t}"')
+        return await _pg_measure(conn)
+    finally:
+        await conn.close()
 
 
 def _table(
@@ -144,7 +175,8 @@ def _table(
     whole: float,
 ) -> float:  # fmt: skip
     second = "in use" if backend == "sqlite" else "after VACUUM FULL"
-    print(f"\n{backend}: {runs} runs; bytes a run (on disk; {second})")
+    first = "on disk" if backend == "sqlite" else "grown after VACUUM"
+    print(f"\n{backend}: {runs} runs; bytes a run ({first}; {second})")
     print(f"  {'table / index':<42}{'rows/run':>9}{'bytes/run':>11}{second:>19}")
     total = [0.0, 0.0]
     for table in TABLES:
@@ -175,17 +207,23 @@ def run_backend(backend: str, args: argparse.Namespace) -> float:
         with fresh_database(backend, workdir, args.postgres_url) as url:
             server = Server(url, workdir).start()
             started = time.perf_counter()
+            vacuumed: dict[str, float] = {}
+
+            async def vacuum() -> None:
+                vacuumed.update(await _pg_vacuum(url))
+
             try:
-                asyncio.run(_push(server, args.runs))
+                asyncio.run(_push(server, args.runs, vacuum if backend != "sqlite" else None))
             finally:
                 server.stop()
             took = time.perf_counter() - started
-            print(f"\n{backend}: {args.runs} runs executed and delivered in {took:.0f} s")
+            runs = args.runs if backend == "sqlite" else 2 * args.runs
+            print(f"\n{backend}: {runs} runs executed and delivered in {took:.0f} s")
             if backend == "sqlite":
                 found = _sqlite_sizes(workdir / "bench.db")
             else:
-                found = asyncio.run(_postgres_sizes(url))
-            return _table(backend, args.runs, *found)
+                found = asyncio.run(_postgres_sizes(url, vacuumed, args.runs))
+            return _table(backend, runs, *found)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
