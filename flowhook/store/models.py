@@ -311,27 +311,27 @@ class Event:
     created_at: datetime
     payload: bytes
     """The payload's JSON, as the body holds it."""
-    body: bytes = b""
-    """The exact bytes that are signed and sent: :func:`envelope` of the columns and the
-    payload, unless given (an event written before the envelope was rebuilt whose stored
-    bytes differ from the rebuilt ones keeps those)."""
-    rebuilt: bool = field(default=False, init=False, repr=False, compare=False)
-    """Whether :attr:`body` is the envelope rebuilt (then it is not stored)."""
+    stored_body: bytes | None = None
+    """The exact body when it is not the envelope rebuilt (an event written before migration
+    0019 whose stored bytes differ from the rebuilt ones keeps those); ``None`` otherwise."""
 
-    def __post_init__(self) -> None:
-        if not self.body:
-            body = envelope(self.type, self.flow_id, self.run_id, self.created_at, self.payload)
-            object.__setattr__(self, "body", body)
-            object.__setattr__(self, "rebuilt", True)
+    @property
+    def body(self) -> bytes:
+        """The exact bytes that are signed and sent: :func:`envelope` of the columns and the
+        payload (built when read: the engine writes events it never reads)."""
+        if self.stored_body is not None:
+            return self.stored_body
+        return envelope(self.type, self.flow_id, self.run_id, self.created_at, self.payload)
 
     @classmethod
     def from_row(cls, row: Any) -> Event:
         """From a row of ``events`` (its ``body`` column is NULL unless the stored bytes are
         not the envelope rebuilt)."""
-        return from_row(cls, row, _EVENT_CONVERT)
+        body = row._mapping["body"]
+        return from_row(cls, row, _EVENT_CONVERT, stored_body=None if body is None else bytes(body))
 
     def to_row(self) -> dict[str, Any]:
-        return to_row(self, _EVENT_COLUMNS, body=None if self.rebuilt else self.body)
+        return to_row(self, _EVENT_COLUMNS, body=self.stored_body)
 
 
 class DeliveryStatus(enum.StrEnum):
@@ -464,7 +464,7 @@ _STEP_COLUMNS = (
     *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),
     *("duration_ms", "output", "error", "reused"),
 )
-_EVENT_CONVERT = {"mode": Mode, "payload": bytes, "body": lambda v: b"" if v is None else bytes(v)}
+_EVENT_CONVERT = {"mode": Mode, "payload": bytes}
 _EVENT_COLUMNS = (
     *("id", "workspace_id", "mode", "type", "flow_id", "run_id", "created_at", "payload"),
 )

@@ -31,7 +31,7 @@ from flowhook.store import events as events_store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode, envelope
-from flowhook.store.tables import events
+from flowhook.store.tables import events, run_steps, runs
 from flowhook.store.types import UTCDateTime
 from flowhook.store.wakeup import Wakeup
 from tests.conftest import PG_URL, Receiver
@@ -63,7 +63,7 @@ def test_the_rebuilt_envelope_is_the_body_make_event_always_wrote() -> None:
                     "payload": payload,
                 }
             )
-            assert e.body == whole and e.rebuilt and e.to_row()["body"] is None
+            assert e.body == whole and e.stored_body is None and e.to_row()["body"] is None
             assert e.payload == orjson.dumps(payload)
 
 
@@ -155,7 +155,24 @@ async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
     flow = await services.flows.create(
         who, {"name": "f", "steps": [{"id": "a", "type": "transform", "output": {"x": 1}}]}
     )
-    run_id = new_id("run")
+    started = await services.runs.start(who, flow_id=flow.flow_id, payload={"n": 1})
+    run_id = started.run.run_id
+    async with db.transaction() as conn:  # it ran its step and completed, as 0018 stored it
+        await conn.execute(
+            sa.update(runs)
+            .where(runs.c.run_id == run_id)
+            .values(
+                status="completed", steps_executed=1, next_step=1, output={"x": 1},
+                finished_at=NOW, duration_ms=3,
+            )
+        )  # fmt: skip
+        await conn.execute(
+            run_steps.insert().values(
+                run_id=run_id, idx=0, step_id="a", type="transform", status="completed",
+                attempts=1, started_at=NOW, finished_at=NOW, duration_ms=3, output={"x": 1},
+                reused=False,
+            )
+        )  # fmt: skip
     bodies: dict[str, bytes] = {}
     rows = []
     for i, (kind, payload) in enumerate(
@@ -260,10 +277,15 @@ async def test_0019_converts_events_and_the_api_reads_back_the_same(
                     f"answer {n}" for n in range(1, len(log) + 1)
                 ]
                 assert log[0]["address"] == "127.0.0.1" and log[0]["duration_ms"] == 12
-            r = await client.get(f"/api/v1/flows/runs/{old['run_id']}/events")
-            if r.status_code == 200:
-                listed = {e["id"]: e for e in r.json()["data"]}
-                assert set(listed) == set(old["bodies"])
+            run = (await client.get(f"/api/v1/flows/runs/{old['run_id']}")).json()
+            assert run["status"] == "completed" and run["output"] == {"x": 1}
+            [step] = run["steps"]
+            assert step["id"] == "a" and step["output"] == {"x": 1}
+            assert step["status"] == "completed" and step["duration_ms"] == 3
+            listed = (await client.get("/api/v1/events", params={"run_id": old["run_id"]})).json()
+            assert {e["id"] for e in listed["data"]} == set(old["bodies"])
+            for e in listed["data"]:
+                assert orjson.dumps(e["body"]) == orjson.dumps(orjson.loads(old["bodies"][e["id"]]))
             # A replay of the failed delivery sends the stored bytes, signed as before.
             failed = old["deliveries"][old["odd"]]
             r = await client.post(f"/api/v1/webhooks/deliveries/{failed}/replay")
@@ -283,6 +305,17 @@ async def test_0019_converts_events_and_the_api_reads_back_the_same(
             stored = {r.id: r for r in (await conn.execute(sa.select(events))).all()}
     finally:
         await db.dispose()
+    if empty_url.startswith("sqlite"):  # the three keyed tables without rowids now
+        import sqlite3
+
+        raw = sqlite3.connect(empty_url.removeprefix("sqlite:///"))
+        try:
+            schema = dict(raw.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'table'"))
+        finally:
+            raw.close()
+        for table in ("events", "run_steps", "delivery_attempts"):
+            assert schema[table].rstrip().endswith("WITHOUT ROWID"), table
+        assert "WITHOUT ROWID" not in schema["runs"]
     for event_id, body in old["bodies"].items():
         row = stored[event_id]
         if event_id == old["odd"]:
