@@ -19,8 +19,12 @@ On SQLite, ``events``, ``run_steps`` and ``delivery_attempts`` become ``WITHOUT 
 tables: their rows are stored in their primary key's order, in the key's own B-tree, instead
 of a table of rowids beside an index repeating the key. Those three are rebuilt (copied into
 the new table, the old one dropped): no foreign key points at them, so dropping them deletes
-nothing elsewhere. A rebuild takes about as long as copying the tables (a few seconds for a
-million events).
+nothing elsewhere.
+
+Measured with 200,000 events (``flowhook migrate`` on a 2-core machine): 5.5 s on SQLite
+(the rebuilt tables' old pages stay in the file as free pages until it is vacuumed), 6.9 s
+on PostgreSQL (each event row rewritten once; autovacuum reclaims the old versions):
+about half a minute per million events.
 
 """
 
