@@ -7,7 +7,6 @@ from typing import Any
 
 import orjson
 
-from flowhook.clock import isoformat
 from flowhook.ids import new_id
 from flowhook.store.models import Event, Mode, Run
 
@@ -49,16 +48,8 @@ def make_event(
     now: datetime,
 ) -> Event:
     """An event whose body is the envelope serialised once, as compact UTF-8 JSON; those
-    exact bytes are what is stored, signed and sent on every attempt."""
-    body = orjson.dumps(
-        {
-            "event": type_,
-            "flow_id": flow_id,
-            "run_id": run_id,
-            "timestamp": isoformat(now),
-            "payload": payload,
-        }
-    )
+    exact bytes are what is signed and sent on every attempt. The store keeps the payload's
+    JSON and rebuilds the same envelope from the row (:func:`flowhook.store.models.envelope`)."""
     return Event(
         id=new_id("evt"),
         workspace_id=workspace_id,
@@ -67,7 +58,7 @@ def make_event(
         flow_id=flow_id,
         run_id=run_id,
         created_at=now,
-        body=body,
+        payload=orjson.dumps(payload),
     )
 
 

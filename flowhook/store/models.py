@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
+
+from flowhook.clock import isoformat
 from flowhook.store.rows import from_row, to_row
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "Run",
     "RunStep",
     "Event",
+    "envelope",
     "DeliveryStatus",
     "Endpoint",
     "Attempt",
@@ -278,6 +282,24 @@ class Run:
         return {"reason": self.held, "key": key or None, "until": until}
 
 
+def envelope(
+    type_: str, flow_id: str | None, run_id: str | None, created_at: datetime, payload: bytes
+) -> bytes:
+    """The body every webhook of an event carries (SPEC §2), from the event's columns and its
+    payload's JSON: compact UTF-8 JSON, the same bytes however often it is rebuilt, so what is
+    signed and sent again on a replay is what was sent first. Only the payload is stored
+    (``events.payload``); the envelope around it repeats the row's own columns."""
+    return orjson.dumps(
+        {
+            "event": type_,
+            "flow_id": flow_id,
+            "run_id": run_id,
+            "timestamp": isoformat(created_at),
+            "payload": orjson.Fragment(payload),
+        }
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     id: str
@@ -287,14 +309,29 @@ class Event:
     flow_id: str | None
     run_id: str | None
     created_at: datetime
-    body: bytes
+    payload: bytes
+    """The payload's JSON, as the body holds it."""
+    stored_body: bytes | None = None
+    """The exact body when it is not the envelope rebuilt (an event written before migration
+    0019 whose stored bytes differ from the rebuilt ones keeps those); ``None`` otherwise."""
+
+    @property
+    def body(self) -> bytes:
+        """The exact bytes that are signed and sent: :func:`envelope` of the columns and the
+        payload (built when read: the engine writes events it never reads)."""
+        if self.stored_body is not None:
+            return self.stored_body
+        return envelope(self.type, self.flow_id, self.run_id, self.created_at, self.payload)
 
     @classmethod
     def from_row(cls, row: Any) -> Event:
-        return from_row(cls, row, _EVENT_CONVERT)
+        """From a row of ``events`` (its ``body`` column is NULL unless the stored bytes are
+        not the envelope rebuilt)."""
+        body = row._mapping["body"]
+        return from_row(cls, row, _EVENT_CONVERT, stored_body=None if body is None else bytes(body))
 
     def to_row(self) -> dict[str, Any]:
-        return to_row(self, _EVENT_COLUMNS)
+        return to_row(self, _EVENT_COLUMNS, body=self.stored_body)
 
 
 class DeliveryStatus(enum.StrEnum):
@@ -427,8 +464,10 @@ _STEP_COLUMNS = (
     *("idx", "step_id", "type", "status", "attempts", "started_at", "finished_at"),
     *("duration_ms", "output", "error", "reused"),
 )
-_EVENT_CONVERT = {"mode": Mode, "body": bytes}
-_EVENT_COLUMNS = ("id", "workspace_id", "mode", "type", "flow_id", "run_id", "created_at", "body")
+_EVENT_CONVERT = {"mode": Mode, "payload": bytes}
+_EVENT_COLUMNS = (
+    *("id", "workspace_id", "mode", "type", "flow_id", "run_id", "created_at", "payload"),
+)
 _ATTEMPT_OUTCOME = (
     *("started_at", "finished_at", "duration_ms", "address", "status_code"),
     *("response_excerpt", "error_class", "error_detail", "next_attempt_at"),

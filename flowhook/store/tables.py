@@ -82,6 +82,12 @@ def _lease() -> tuple[Column[str], Column[object]]:
     return Column("lease_owner", String(64)), _at("lease_expires_at", required=False)
 
 
+_CLUSTERED: dict[str, Any] = {"sqlite_with_rowid": False}
+"""SQLite: the rows in the primary key's own B-tree (``WITHOUT ROWID``), not a table of
+rowids beside an index that repeats the key; for tables keyed by text that no foreign key
+points at (migration 0019). PostgreSQL has no such thing."""
+
+
 def _partial_index(name: str, column: str, where: str) -> Index:
     """An index of the rows ``where`` holds, on both backends."""
     return Index(name, column, postgresql_where=text(where), sqlite_where=text(where))
@@ -257,6 +263,7 @@ run_steps = Table(
     Column("interrupted", JSONType),
     # A rerun's step copied from the run it reruns, not run again.
     Column("reused", Boolean, nullable=False, server_default=false()),
+    **_CLUSTERED,
 )
 
 events = Table(
@@ -268,10 +275,19 @@ events = Table(
     _ref("flow_id", required=False),
     _ref("run_id", required=False),
     _at("created_at"),
-    # The exact bytes that are signed and sent: every attempt and replay sends these.
-    Column("body", LargeBinary, nullable=False),
-    Index(None, "run_id", "id"),
+    # The payload's JSON. The body signed and sent (every attempt and replay sends the same
+    # bytes) is the envelope of SPEC §2 rebuilt around it from the columns above
+    # (flowhook.store.models.envelope), so they are not stored twice.
+    Column("payload", LargeBinary, nullable=False),
+    # The exact body, only where it is not the envelope rebuilt (events written before
+    # migration 0019 whose bytes differ); NULL otherwise.
+    Column("body", LargeBinary),
+    # A run's events: on SQLite each entry also holds the event's id (the primary key), so
+    # they come in id order; PostgreSQL keeps one entry per run with the row addresses of
+    # its events (B-tree deduplication), a fifth of the size of (run_id, id).
+    Index(None, "run_id"),
     Index(None, "workspace_id", "mode", "id"),
+    **_CLUSTERED,
 )
 
 webhook_endpoints = Table(
@@ -360,6 +376,7 @@ delivery_attempts = Table(
     Column("error_class", String(32)),
     Column("error_detail", Text),
     _at("next_attempt_at", required=False),
+    **_CLUSTERED,
 )
 
 web_sessions = Table(

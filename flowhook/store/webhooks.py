@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from flowhook.store import bulk
 from flowhook.store.crypto import SecretBox, cipher
 from flowhook.store.guards import PENDING_DELIVERY, delivery_move
-from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode
+from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Endpoint, Mode, envelope
 from flowhook.store.rows import from_row, owned, page
 from flowhook.store.tables import (
     deliveries,
@@ -331,10 +331,14 @@ class DueDelivery:
     @classmethod
     def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
         """From a row of :data:`_DUE_COLUMNS`; secrets opened with ``box``."""
+        body = row.body
+        if body is None:  # the envelope, rebuilt around the stored payload
+            body = envelope(row.event_type, row.flow_id, row.run_id, row.event_at, row.payload)
         return from_row(
             cls,
             row,
-            {"body": bytes, "enabled": bool},
+            {"enabled": bool},
+            body=bytes(body),
             secret=box.open(row.secret) if row.secret else "",
             previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
         )
@@ -346,7 +350,9 @@ _DUE_COLUMNS = (
     _D.event_type,
     _D.endpoint_id,
     _D.attempts,
+    events.c.payload,
     events.c.body,
+    events.c.created_at.label("event_at"),
     _EP.url,
     _EP.enabled,
     _EP.secret,

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import asyncpg
 import httpx
 import pytest
 
+from flowhook.store.models import envelope
 from tests.support import FLOWHOOK, Server, secret_key_env, serve, worker
 
 pytestmark = pytest.mark.e2e
@@ -63,28 +65,36 @@ def events_only(messages: list[Message]) -> list[tuple[str, str, bytes]]:
 
 
 def stored(database_url: str, run_id: str | None = None) -> list[tuple[str, str, bytes]]:
-    """(id, type, body) of the stored events (one run's, or all), oldest first."""
+    """(id, type, body) of the stored events (one run's, or all), oldest first: the body as
+    the store gives it (rebuilt from the row, see flowhook.store.models.envelope)."""
     where = "WHERE run_id = $1" if run_id else "WHERE $1::text IS NULL"
     if database_url.startswith("sqlite"):
         conn = sqlite3.connect(database_url.removeprefix("sqlite:///"))
+        conn.row_factory = sqlite3.Row
         try:
             sql = where.replace("$1::text", "?").replace("$1", "?")
-            rows = conn.execute(f"SELECT id, type, body FROM events {sql} ORDER BY id", (run_id,))
-            return [(i, t, bytes(b)) for i, t, b in rows]
+            rows = conn.execute(f"SELECT * FROM events {sql} ORDER BY id", (run_id,))
+            return [_body_of(r, datetime.fromisoformat(r["created_at"])) for r in rows]
         finally:
             conn.close()
 
     async def read() -> list[tuple[str, str, bytes]]:
         conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg", "postgresql"))
         try:
-            rows = await conn.fetch(
-                f"SELECT id, type, body FROM events {where} ORDER BY id", run_id
-            )
-            return [(r["id"], r["type"], bytes(r["body"])) for r in rows]
+            rows = await conn.fetch(f"SELECT * FROM events {where} ORDER BY id", run_id)
+            return [_body_of(r, r["created_at"]) for r in rows]
         finally:
             await conn.close()
 
     return asyncio.run(read())
+
+
+def _body_of(row: Any, created_at: datetime) -> tuple[str, str, bytes]:
+    if row["body"] is not None:
+        return row["id"], row["type"], bytes(row["body"])
+    at = created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)
+    body = envelope(row["type"], row["flow_id"], row["run_id"], at, bytes(row["payload"]))
+    return row["id"], row["type"], body
 
 
 def auth(key: str) -> dict[str, str]:
