@@ -47,6 +47,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _run(server: Server, report: Path) -> subprocess.CompletedProcess[str]:
+    """The ``schemathesis`` command, from the report's directory: it keeps its crash cache
+    (``.schemathesis/``) there, so each run starts afresh and the checkout stays clean."""
     key = server.value("sandbox key")
     command = [
         SCHEMATHESIS, "--config-file", str(CONFIG), "run", f"{server.base}/api/v1/openapi.json",
@@ -69,7 +71,13 @@ def _run(server: Server, report: Path) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     return subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False
+        command,
+        cwd=report.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
     )
 
 
