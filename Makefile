@@ -28,6 +28,7 @@ test: install
 	scripts/ensure-chromium
 	scripts/ensure-wrk
 	scripts/ensure-tmux
+	scripts/ensure-node
 	$(BIN)/pytest --cov -m "not no_tracer"
 	$(BIN)/pytest -m no_tracer
 

@@ -10,9 +10,11 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from flowhook import tracing
+from flowhook.api.allow import install_allow
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
+from flowhook.api.openapi import install_openapi
 from flowhook.api.responses import ORJSONResponse
 from flowhook.api.routes import (
     approvals,
@@ -115,6 +117,8 @@ def create_app(
     app.include_router(web_overview.router)
     app.mount("/static", StaticFiles(directory=web_routes.STATIC_DIR), name="static")
     web_routes.install(app)
+    install_allow(app)  # after every route: Allow for 405s; fixed paths keep their methods
+    install_openapi(app)
     install_error_handlers(app, html=web_routes.render_error)
     app.add_middleware(
         RequestGuard,

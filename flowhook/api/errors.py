@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from flowhook import errors
+from flowhook.api.allow import allowed_methods
 from flowhook.api.responses import error_response
 
 __all__ = ["STATUS", "install_error_handlers", "describe_validation_error", "domain_error_response"]
@@ -47,6 +48,9 @@ _MESSAGES = {
     "string_type": "must be a string",
     "int_type": "must be an integer",
     "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
     "bool_type": "must be true or false",
     "extra_forbidden": "is not a known field",
 }
@@ -112,11 +116,16 @@ def install_error_handlers(app: FastAPI, html: HtmlErrorPage | None = None) -> N
         if exc.status_code == 404:
             return error_response(404, f"no route {request.url.path}", "not_found")
         if exc.status_code == 405:
+            headers = dict(exc.headers or {})
+            table = getattr(request.app.state, "allow", None) or []
+            allow = allowed_methods(table, request.scope["path"])
+            if allow:
+                headers["Allow"] = allow
             return error_response(
                 405,
                 f"method {request.method} is not allowed on {request.url.path}",
                 "method_not_allowed",
-                dict(exc.headers or {}),
+                headers,
             )
         if exc.status_code == 413:
             return error_response(413, str(exc.detail), "payload_too_large")

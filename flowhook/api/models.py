@@ -8,7 +8,8 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 from fastapi import Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic_core import PydanticCustomError
 
 from flowhook import tracing
 from flowhook.api.responses import ORJSONResponse
@@ -18,6 +19,12 @@ from flowhook.store.models import Flow, Run, RunStep
 
 __all__ = [
     "ExecuteRequest",
+    "IDEMPOTENCY_KEY_DOC",
+    "JSON_INTEGER",
+    "JSON_NUMBER",
+    "FLOW_ID_DOC",
+    "ID_SUFFIX",
+    "PRINTABLE",
     "RunAccepted",
     "RerunAccepted",
     "RerunRequest",
@@ -38,6 +45,44 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+ID_SUFFIX = "[0-7][0-9a-hjkmnp-tv-z]{25}([0-9a-hjkmnp-tv-z]{10})?"
+"""What follows ``<prefix>_`` in an id the service made (``flowhook.ids.is_id``)."""
+
+
+def _json_integer(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSON_INTEGER = BeforeValidator(_json_integer)
+"""With ``Strict()``, last in an ``Annotated[int, Strict(), Field(<limits>), JSON_INTEGER]``
+(after the limits, so the document keeps them): an integer as JSON Schema's ``integer``
+means it, a number with no fraction (30.0 is 30), never a string (``"30"``) or a boolean,
+which Pydantic's lax mode would take."""
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("float_type", "Input should be a number")
+    return value
+
+
+JSON_NUMBER = BeforeValidator(_json_number)
+"""Last in an ``Annotated[float, Field(<limits>), JSON_NUMBER]``: a number as JSON Schema's
+``number`` means it, not a boolean or a string, which Pydantic's lax mode would take (``true``
+as 1.0)."""
+
+FLOW_ID_DOC: dict[str, Any] = {"pattern": f"^wf_{ID_SUFFIX}$", "maxLength": 40}
+"""A flow id as the service makes them (any other answers 400 or 404)."""
+
+IDEMPOTENCY_KEY_DOC: dict[str, Any] = {"minLength": 1, "maxLength": 255}
+"""The Idempotency-Key's length, as the service checks it (``MAX_IDEMPOTENCY_KEY``)."""
+
+PRINTABLE = "^[^\\x00-\\x1f\\x7f-\\x9f]+$"
+"""No control characters: what ``str.isprintable`` asks of a signal name, as far as a pattern
+says it (the service also refuses the Unicode separators other than the space)."""
 
 Limit = Annotated[int, Query(ge=1, le=100)]
 """A list's ``limit`` query parameter: ``limit: Limit = 20``."""
@@ -82,15 +127,18 @@ class ExecuteRequest(BaseModel):
     flow_id: str = Field(
         description="The flow to run, shape wf_<suffix>.",
         examples=["wf_01jd7w2k3m4n5p6q7r8s9t0v1w"],
+        json_schema_extra=FLOW_ID_DOC,
     )
-    trigger: str = Field(default="api", description="Trigger kind; `api` over this interface.")
+    trigger: str = Field(
+        default="api",
+        description="Trigger kind; `api` over this interface.",
+        json_schema_extra={"enum": ["api"]},
+    )
     payload: dict[str, Any] = Field(
         default_factory=dict, description="Data handed to the workflow."
     )
-    priority: int | None = Field(
+    priority: Annotated[int, Strict(), Field(ge=-100, le=100), JSON_INTEGER] | None = Field(
         default=None,
-        ge=-100,
-        le=100,
         description="Overrides the flow's `priority`: among due runs the higher is claimed "
         "first (default: the flow's, else 0).",
     )

@@ -319,6 +319,9 @@ def _check_verify(verify: dict[str, Any] | None) -> dict[str, Any] | None:
     if not verify:
         return None
     kind = verify.get("type")
+    for name in ("header", "secret"):
+        if not isinstance(verify.get(name, ""), str | None):
+            raise InvalidInput(f"verify.{name} must be a string", field=f"verify.{name}")
     if kind == "hmac":
         encoding = verify.get("encoding", "hex")
         if encoding not in ("hex", "base64"):

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import PagingDep, error_responses, page_response, ts
+from flowhook.api.models import (
+    FLOW_ID_DOC,
+    JSON_INTEGER,
+    PRINTABLE,
+    PagingDep,
+    error_responses,
+    page_response,
+    ts,
+)
 from flowhook.api.responses import ORJSONResponse
 from flowhook.service.signals import MAX_NAME
 from flowhook.store.hooks import Hook
@@ -19,10 +27,58 @@ router = APIRouter(tags=["hooks"])
 _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 429, 503)
 
 
+_VERIFY_DOC: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "title": "HmacVerify",
+            "required": ["type"],
+            "properties": {
+                "type": {"const": "hmac"},
+                "header": {"type": ["string", "null"], "description": "Default X-Signature."},
+                "encoding": {"enum": ["hex", "base64"], "description": "Default hex."},
+                "secret": {"type": ["string", "null"], "description": "Made when not given."},
+            },
+        },
+        {
+            "type": "object",
+            "title": "StandardVerify",
+            "required": ["type"],
+            "properties": {
+                "type": {"const": "standard"},
+                "header": {"type": ["string", "null"]},
+                "secret": {
+                    "type": ["string", "null"],
+                    "pattern": "^(whsec_([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?)?$",
+                    "description": "whsec_ and base64; made when not given.",
+                },
+            },
+        },
+        {"type": "object", "maxProperties": 0, "description": "{}: no verification."},
+        {"type": "null", "description": "No verification."},
+    ]
+}
+_ONE_TARGET: dict[str, Any] = {
+    "oneOf": [
+        {
+            "required": ["flow_id"],
+            "properties": {"flow_id": {"type": "string"}, "signal": {"type": "null"}},
+        },
+        {
+            "required": ["signal"],
+            "properties": {"signal": {"type": "string"}, "flow_id": {"type": "null"}},
+        },
+    ]
+}
+"""Exactly one of ``flow_id`` and ``signal`` (the other absent or null)."""
+
+
 class HookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_TARGET)
     flow_id: str | None = Field(
-        default=None, description="Each accepted arrival starts a run of this flow."
+        default=None,
+        description="Each accepted arrival starts a run of this flow.",
+        json_schema_extra=FLOW_ID_DOC,
     )
     signal: str | None = Field(
         default=None,
@@ -31,16 +87,20 @@ class HookCreate(BaseModel):
         description="Instead of flow_id: each accepted arrival sends this signal, with the "
         "arrival's body as its data.",
         examples=["payment.captured"],
+        json_schema_extra={"pattern": PRINTABLE},
     )
     verify: dict[str, Any] | None = Field(
         default=None,
         description='{"type": "hmac", "header": "X-Signature", "encoding": "hex"|"base64", "secret"?} '
         'or {"type": "standard", "secret"?: "whsec_…"}; a secret is made when none is given.',
+        json_schema_extra=_VERIFY_DOC,
     )
     dedup_header: str | None = Field(
         default=None, max_length=100, description="A provider's delivery id header."
     )
-    rate_limit: int = Field(default=600, ge=1, le=100_000, description="Arrivals a minute.")
+    rate_limit: Annotated[int, Strict(), Field(ge=1, le=100_000), JSON_INTEGER] = Field(
+        default=600, description="Arrivals a minute."
+    )
 
 
 def hook_url(request: Request, hook_id: str) -> str:

@@ -13,6 +13,7 @@ from flowhook import tracing
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.fast import accepted
 from flowhook.api.models import (
+    IDEMPOTENCY_KEY_DOC,
     ExecuteRequest,
     PagingDep,
     RerunAccepted,
@@ -43,7 +44,10 @@ async def execute(
     who: CallerDep,
     idempotency_key: Annotated[
         str | None,
-        Header(description="Same key and body within 24 h return the same run; another body, 409."),
+        Header(
+            description="Same key and body within 24 h return the same run; another body, 409.",
+            json_schema_extra=IDEMPOTENCY_KEY_DOC,
+        ),
     ] = None,
     traceparent: Annotated[
         str | None,
@@ -134,7 +138,10 @@ async def rerun(
     body: RerunRequest | None = None,
     idempotency_key: Annotated[
         str | None,
-        Header(description="Same key and body within 24 h return the same run; another body, 409."),
+        Header(
+            description="Same key and body within 24 h return the same run; another body, 409.",
+            json_schema_extra=IDEMPOTENCY_KEY_DOC,
+        ),
     ] = None,
 ) -> Response:
     body = body or RerunRequest()

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import PagingDep, error_responses, page_response, ts
+from flowhook.api.models import FLOW_ID_DOC, PagingDep, error_responses, page_response, ts
 from flowhook.api.responses import ORJSONResponse
 from flowhook.store.schedules import Schedule
 
@@ -19,27 +19,29 @@ _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 
 class ScheduleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    flow_id: str
+    flow_id: str = Field(json_schema_extra=FLOW_ID_DOC)
     cron: str = Field(
         max_length=120,
+        json_schema_extra={"minLength": 1},
         description="Five fields (minute hour day month weekday), or six with seconds last. "
         "It must fire, and its ticks be at least FLOWHOOK_MIN_SCHEDULE_SECONDS (60) apart.",
     )
     timezone: str = Field(
         default="UTC",
         max_length=64,
+        json_schema_extra={"minLength": 1},
         description="An IANA time zone; ticks follow its daylight saving.",
     )
     payload: dict[str, Any] = Field(default_factory=dict)
-    enabled: bool = True
+    enabled: bool = Field(default=True, strict=True)
 
 
 class SchedulePatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cron: str | None = Field(default=None, max_length=120)
-    timezone: str | None = Field(default=None, max_length=64)
+    cron: str | None = Field(default=None, max_length=120, json_schema_extra={"minLength": 1})
+    timezone: str | None = Field(default=None, max_length=64, json_schema_extra={"minLength": 1})
     payload: dict[str, Any] | None = None
-    enabled: bool | None = None
+    enabled: bool | None = Field(default=None, strict=True)
 
 
 def record(s: Schedule) -> dict[str, Any]:

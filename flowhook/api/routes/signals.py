@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import error_responses
+from flowhook.api.models import PRINTABLE, error_responses
 from flowhook.api.responses import ORJSONResponse
 from flowhook.clock import isoformat
 from flowhook.service.signals import MAX_ID, MAX_NAME, Sent
@@ -23,7 +23,11 @@ class SignalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(
-        min_length=1, max_length=MAX_NAME, description="The signal's name.", examples=["order.paid"]
+        min_length=1,
+        max_length=MAX_NAME,
+        description="The signal's name: printable characters.",
+        examples=["order.paid"],
+        json_schema_extra={"pattern": PRINTABLE},
     )
     data: dict[str, Any] = Field(
         default_factory=dict,
@@ -42,7 +46,12 @@ class SignalRequest(BaseModel):
 class RunSignalRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=MAX_NAME, examples=["order.paid"])
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME,
+        examples=["order.paid"],
+        json_schema_extra={"pattern": PRINTABLE},
+    )
     data: dict[str, Any] = Field(default_factory=dict)
     id: str | None = Field(
         default=None,

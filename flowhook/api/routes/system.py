@@ -29,9 +29,18 @@ async def readyz(services: ServicesDep) -> Response:
     return ORJSONResponse({"status": "ok"})
 
 
-@router.get("/api/v1/schemas/flow.json", summary="JSON Schema of a flow definition")
+class SchemaJSONResponse(ORJSONResponse):
+    media_type = "application/schema+json"
+
+
+@router.get(
+    "/api/v1/schemas/flow.json",
+    summary="JSON Schema of a flow definition",
+    response_class=SchemaJSONResponse,
+    responses={200: {"content": {"application/schema+json": {"schema": {"type": "object"}}}}},
+)
 async def flow_schema() -> Response:
-    return ORJSONResponse(FLOW_SCHEMA, media_type="application/schema+json")
+    return SchemaJSONResponse(FLOW_SCHEMA)
 
 
 @router.get("/metrics", summary="Prometheus metrics", include_in_schema=False)

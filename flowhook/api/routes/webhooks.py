@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Query
@@ -10,8 +10,16 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import PagingDep, error_responses, page_response, ts
+from flowhook.api.models import (
+    ID_SUFFIX,
+    JSON_NUMBER,
+    PagingDep,
+    error_responses,
+    page_response,
+    ts,
+)
 from flowhook.api.responses import ORJSONResponse
+from flowhook.service.webhooks import SUBSCRIBABLE
 from flowhook.store.models import Delivery, Endpoint, Event
 
 router = APIRouter(tags=["webhooks"])
@@ -22,9 +30,19 @@ _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 class EndpointFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
     flow_ids: list[str] = Field(
-        max_length=100, description="Only events of these flows (wf_…) reach the endpoint."
+        max_length=100,
+        description="Only events of these flows (wf_…) reach the endpoint.",
+        json_schema_extra={"items": {"type": "string", "pattern": f"^wf_{ID_SUFFIX}$"}},
     )
 
+
+_URL_DOC: dict[str, Any] = {"minLength": 1, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]"}
+"""http:// or https:// and a host; the target guard then refuses private addresses (unless
+FLOWHOOK_ALLOW_PRIVATE_TARGETS) and, for live keys, plain http."""
+_EVENTS_DOC: dict[str, Any] = {
+    "minItems": 1,
+    "items": {"type": "string", "enum": list(SUBSCRIBABLE)},
+}
 
 _RATE = "At most this many deliveries a second, across every process (null: no limit)."
 _ORDERING = "`fifo`: one delivery in flight, in event order; a failing one holds the rest."
@@ -32,35 +50,42 @@ _ORDERING = "`fifo`: one delivery in flight, in event order; a failing one holds
 
 class EndpointCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(max_length=2048, description="Where to POST events (https:// for live keys).")
+    url: str = Field(
+        max_length=2048,
+        description="Where to POST events (https:// for live keys).",
+        json_schema_extra=_URL_DOC,
+    )
     events: list[str] = Field(
         description="Event names to send: those of SPEC §6, plus flow.cancelled and "
-        "flow.approval_requested."
+        "flow.approval_requested.",
+        json_schema_extra=_EVENTS_DOC,
     )
     description: str = Field(default="", max_length=1000)
-    enabled: bool = True
-    rate_limit: float | None = Field(default=None, gt=0, le=10000, description=_RATE)
+    enabled: bool = Field(default=True, strict=True)
+    rate_limit: Annotated[float, Field(gt=0, le=10000), JSON_NUMBER] | None = Field(
+        default=None, description=_RATE
+    )
     ordering: Literal["fifo"] | None = Field(default=None, description=_ORDERING)
     filter: EndpointFilter | None = None
 
 
 class EndpointPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str | None = Field(default=None, max_length=2048)
-    events: list[str] | None = None
+    url: str | None = Field(default=None, max_length=2048, json_schema_extra=_URL_DOC)
+    events: list[str] | None = Field(default=None, json_schema_extra=_EVENTS_DOC)
     description: str | None = Field(default=None, max_length=1000)
-    enabled: bool | None = None
-    rate_limit: float | None = Field(default=None, gt=0, le=10000, description=_RATE)
+    enabled: bool | None = Field(default=None, strict=True)
+    rate_limit: Annotated[float, Field(gt=0, le=10000), JSON_NUMBER] | None = Field(
+        default=None, description=_RATE
+    )
     ordering: Literal["fifo"] | None = Field(default=None, description=_ORDERING)
     filter: EndpointFilter | None = Field(default=None, description="null: every flow.")
 
 
 class RotateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grace_seconds: float | None = Field(
+    grace_seconds: Annotated[float, Field(ge=0, le=2592000), JSON_NUMBER] | None = Field(
         default=None,
-        ge=0,
-        le=2592000,
         description="How long the old secret keeps signing (default 24 h).",
     )
 
@@ -70,7 +95,9 @@ class RecoverRequest(BaseModel):
     since: AwareDatetime
     until: AwareDatetime | None = None
     cursor: str | None = Field(
-        default=None, description="next_cursor of the previous answer, to continue."
+        default=None,
+        description="next_cursor of the previous answer, to continue.",
+        json_schema_extra={"pattern": f"^(dlv_{ID_SUFFIX})?$"},
     )
 
 
