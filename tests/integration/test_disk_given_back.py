@@ -211,3 +211,27 @@ async def test_metrics_and_overview_report_the_database_size(api: Api) -> None:
     if services.db.is_sqlite:
         free = [ln for ln in r.text.splitlines() if ln.startswith("flowhook_database_free_bytes ")]
         assert free and float(free[0].split()[1]) >= 0
+
+
+async def test_vacuum_converts_an_older_sqlite_database_once(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:  # as versions before incremental auto-vacuum made it
+        old.execute("CREATE TABLE t (x BLOB)")
+        old.executemany("INSERT INTO t VALUES (randomblob(4000))", [()] * 500)
+        old.execute("DELETE FROM t")
+    db = Database(f"sqlite:///{path}")
+    try:
+        async with db.read() as conn:
+            before = await space.storage(conn)
+        assert before.auto_vacuum == "none" and before.free_bytes
+        assert await space.free_pages(db, 1000) == 0  # nothing it can give back yet
+        converted, _ = await space.convert_to_incremental(db)
+        async with db.read() as conn:
+            after = await space.storage(conn)
+        assert converted and after.auto_vacuum == "incremental"
+        assert after.size_bytes < before.size_bytes / 10
+        assert (await space.convert_to_incremental(db))[0] is False  # once only
+    finally:
+        await db.dispose()
