@@ -37,7 +37,6 @@ from flowhook.clock import SystemClock
 from flowhook.config import Settings
 from flowhook.service import Principal, Services
 from flowhook.service.overview import DAY, HOUR, MINUTE, bucket_starts
-from flowhook.store import bulk
 from flowhook.store import overview as store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
@@ -46,11 +45,11 @@ from flowhook.store.tables import deliveries, runs
 from flowhook.store.wakeup import Wakeup
 
 sys.path.insert(0, str(Path(__file__).parent))
+import history
 from harness import fresh_database, secret_key_for
 
 FLOWS = 8
 T = TypeVar("T")
-CHUNK = 20_000
 FLOW = {"name": "bench", "steps": [{"id": "a", "type": "transform", "output": {}}]}
 
 
@@ -114,35 +113,8 @@ def _deliveries(
 
 
 async def _write(db: Database, table: Any, rows: Iterator[dict[str, Any]], url: str) -> None:
-    """Many rows: the store's bulk insert on SQLite, COPY on PostgreSQL."""
-    batch: list[dict[str, Any]] = []
-    pg = None if db.is_sqlite else await asyncpg.connect(url)
-    try:
-        for row in rows:
-            batch.append(row)
-            if len(batch) == CHUNK:
-                await _flush(db, pg, table, batch)
-                batch = []
-        await _flush(db, pg, table, batch)
-    finally:
-        if pg is not None:
-            await pg.close()
-
-
-async def _flush(
-    db: Database, pg: asyncpg.Connection | None, table: Any, batch: list[dict[str, Any]]
-) -> None:
-    if not batch:
-        return
-    if pg is None:
-        async with db.transaction() as conn:
-            await bulk.insert(conn, table, batch)
-        return
-    columns = list(batch[0])
-    records = [
-        tuple("{}" if c == "payload" else row[c] for c in columns) for row in batch
-    ]  # jsonb as text for COPY
-    await pg.copy_records_to_table(table.name, records=records, columns=columns)
+    """Many rows: the store's bulk insert on SQLite, COPY on PostgreSQL (bench/history.py)."""
+    await history.write(db, table, rows, url)
 
 
 async def _seed(services: Services, url: str, total: int, sent: int) -> Principal:

@@ -265,16 +265,48 @@ def prune(
     ] = None,
     database_url: DatabaseOpt = None,
 ) -> None:
-    """Delete finished runs older than the retention period, with their history, now."""
+    """Prune now what retention allows: finished runs older than the retention period, with
+    their history; delivered events' bodies older than FLOWHOOK_DELIVERY_RETENTION_DAYS; then,
+    on SQLite, give the freed pages back to the file system."""
     settings = _settings(database_url=database_url)
 
-    async def work(db: Database) -> int:
+    async def work(db: Database) -> Any:
         from flowhook.service.retention import RetentionService
 
-        return await RetentionService(db, SystemClock(), settings.retention_days).prune(days)
+        return await RetentionService(
+            db, SystemClock(), settings.retention_days, settings.delivery_retention_days
+        ).prune_all(days)
 
-    removed = _with_db(settings, work)
-    console.print(f"removed {removed} finished runs")
+    done = _with_db(settings, work)
+    console.print(f"removed {done.runs} finished runs and {done.signals} signals")
+    if done.pages_freed:
+        console.print(f"gave back {done.pages_freed} free pages to the file system")
+
+
+@app.command()
+def vacuum(database_url: DatabaseOpt = None) -> None:
+    """Give the database's free space back. SQLite: a database made before incremental
+    auto-vacuum is converted once (a full VACUUM: it rewrites the file, needs as much free
+    disk as the file, and makes writers wait meanwhile); one already converted gives its free
+    pages back. PostgreSQL: VACUUM (ANALYZE)."""
+    settings = _settings(database_url=database_url)
+
+    async def work(db: Database) -> Any:
+        from flowhook.store import space
+
+        async with db.read() as conn:
+            was = await space.storage(conn)
+        converted, took = await space.convert_to_incremental(db)
+        async with db.read() as conn:
+            now = await space.storage(conn)
+        return was, now, converted, took
+
+    was, now, converted, took = _with_db(settings, work)
+    mib = 1024 * 1024
+    what = "converted to incremental auto-vacuum" if converted else "vacuumed"
+    console.print(
+        f"{what} in {took:.1f} s: {was.size_bytes / mib:,.1f} MiB → {now.size_bytes / mib:,.1f} MiB"
+    )
 
 
 @app.command("migrate")

@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     """On SIGTERM: seconds for work in flight to finish before it is handed back."""
     retention_days: float = Field(default=30.0, gt=0)
     """Finished runs (with their steps, events and deliveries) older than this are pruned."""
+    delivery_retention_days: float = Field(default=7.0, gt=0)
+    """Delivered events' bodies and their attempts' response excerpts are cleared after this
+    (events a pending or failed delivery still needs keep theirs until the run goes)."""
     rate_limit: float = Field(default=1000.0, ge=0)
     """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
 

@@ -92,12 +92,15 @@ class Runtime:
             await self.listener.stop()
 
     async def _retention(self) -> None:
-        """Prune finished history older than FLOWHOOK_RETENTION_DAYS, hourly, in small batches."""
+        """Prune what retention allows (service/retention.py), hourly, in small batches."""
         while not self._stopping.is_set():
             try:
-                removed = await self.services.retention.prune()
-                if removed:
-                    log.info("retention: removed %d finished runs", removed)
+                done = await self.services.retention.prune_all()
+                if done.runs or done.pages_freed:
+                    log.info(
+                        "retention: removed %d finished runs and %d signals; gave back %d pages",
+                        done.runs, done.signals, done.pages_freed,
+                    )  # fmt: skip
             except Exception:
                 log.exception("retention: prune failed")
             with contextlib.suppress(TimeoutError):

@@ -46,5 +46,7 @@ class Services:
             min_seconds=settings.min_schedule_seconds,
             max_per_workspace=settings.max_schedules,
         )
-        self.retention = RetentionService(db, clock, settings.retention_days)
+        self.retention = RetentionService(
+            db, clock, settings.retention_days, settings.delivery_retention_days
+        )
         self.overview = OverviewService(db, clock)

@@ -10,6 +10,7 @@ from flowhook.config import Settings
 from flowhook.service import Services
 from flowhook.store import control as control_store
 from flowhook.store import runs as runs_store
+from flowhook.store import space
 from flowhook.store import webhooks as webhooks_store
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "QUEUE_DEPTH",
     "OLDEST_QUEUED",
     "RUNS_HELD",
+    "DATABASE_SIZE",
+    "DATABASE_FREE",
 ]
 
 OLDEST_PENDING = Gauge(
@@ -38,17 +41,32 @@ RUNS_HELD = Gauge(
     ["reason"],
 )
 
+DATABASE_SIZE = Gauge(
+    "flowhook_database_size_bytes",
+    "The database's size: SQLite, the main file's pages (page_count × page_size); "
+    "PostgreSQL, pg_database_size.",
+)
+DATABASE_FREE = Gauge(
+    "flowhook_database_free_bytes",
+    "SQLite: bytes of free pages in the file (freelist_count × page_size), which pruning "
+    "gives back to the file system; not reported on PostgreSQL.",
+)
+
 
 async def refresh_gauges(services: Services) -> None:
     async with services.db.read() as conn:
         oldest = await webhooks_store.oldest_pending(conn)
         depth, oldest_run = await runs_store.queue_depth(conn)
         held = await control_store.held_counts(conn)
+        size = await space.storage(conn)
     now = services.clock.now()
     OLDEST_PENDING.set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
     QUEUE_DEPTH.set(depth)
     for reason, count in held.items():
         RUNS_HELD.labels(reason=reason).set(count)
+    DATABASE_SIZE.set(size.size_bytes)
+    if size.free_bytes is not None:
+        DATABASE_FREE.set(size.free_bytes)
     OLDEST_QUEUED.set(max(0.0, (now - oldest_run).total_seconds()) if oldest_run else 0.0)
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from flowhook.clock import Clock
 from flowhook.service.auth import Principal
 from flowhook.store import overview as store
+from flowhook.store import space
 from flowhook.store.db import Database
 from flowhook.store.overview import Backlog, Bucket, EndpointRate, FlowDurations
 
@@ -34,6 +35,8 @@ class Overview:
     """Flows with runs completed in the last day beyond those in :attr:`durations`."""
     endpoints: list[EndpointRate]
     backlog: Backlog
+    storage: space.Storage | None = None
+    """The database's size and free space (the whole database, every workspace's)."""
 
 
 def bucket_starts(now: datetime, width: timedelta, count: int) -> list[datetime]:
@@ -81,7 +84,8 @@ class OverviewService:
                 await asyncio.sleep(0)
                 endpoints = await store.endpoint_rates(conn, ws, mode, now - DAY)
                 backlog = await store.backlog(conn, ws, mode, now)
-            return Overview(now, hour, [], durations, more, endpoints, backlog)
+                storage = await space.storage(conn)
+            return Overview(now, hour, [], durations, more, endpoints, backlog, storage)
 
         day, rest = await asyncio.gather(by_hour(), the_rest())
         return replace(rest, last_day=day)

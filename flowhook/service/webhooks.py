@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import Clock
 from flowhook.config import Settings, parse_duration
-from flowhook.errors import InvalidInput
+from flowhook.errors import Conflict, InvalidInput
 from flowhook.events import EVENT_TYPES, TEST_EVENT, make_event
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
@@ -18,6 +18,7 @@ from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, listed
 from flowhook.signing import new_secret
 from flowhook.store import events as events_store
+from flowhook.store import retention as retention_store
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import Delivery, DeliveryStatus, Endpoint, Event, Mode
@@ -278,7 +279,12 @@ class WebhookService:
     async def replay(self, who: Principal, delivery_id: str) -> Delivery:
         """A new delivery of the same event bytes and event id to the same endpoint; the
         original keeps its own history and schedule."""
-        original, _ = await self.get_delivery(who, delivery_id)
+        original, event = await self.get_delivery(who, delivery_id)
+        if event is not None and event.body == retention_store.CLEARED_BODY:
+            raise Conflict(
+                "this delivery's event body was cleared by retention "
+                "(FLOWHOOK_DELIVERY_RETENTION_DAYS after it was delivered): it cannot be sent again"
+            )
         async with self._db.transaction() as conn:
             return await self._replay(conn, original)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -42,6 +43,9 @@ R = TypeVar("R")
 CONFLICT_ATTEMPTS = 4
 """How many times :meth:`Database.retrying` runs a transaction that keeps losing lock
 conflicts (deadlock, serialization failure) before it gives up with :class:`WriteConflict`."""
+
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+"""Bytes the SQLite WAL file is truncated to after a checkpoint (``journal_size_limit``)."""
 
 CONFLICT_BACKOFF = 0.01
 """Seconds before the first retry after a lost conflict; doubled each time, jittered ×0.5–1.5
@@ -258,7 +262,18 @@ def _sqlite_setup(engine: AsyncEngine, synchronous: str, *, begin: str) -> None:
         # Take over transaction control from the driver so BEGIN is ours to emit.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        # Before anything else: a new database (no table yet) is made with incremental
+        # auto-vacuum, so pruning can hand its free pages back to the file system
+        # (``store.space.free_pages``). An existing one keeps its mode until ``flowhook
+        # vacuum`` rebuilds it once. Set after WAL mode it would be too late.
+        cur.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+        if cur.fetchone() is None:
+            with contextlib.suppress(sqlite3.OperationalError):  # a read-only empty file
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cur.execute("PRAGMA journal_mode=WAL")
+        # The WAL file is cut back to this after a checkpoint (a burst of deletes may have
+        # grown it; without the limit it keeps its largest size for good).
+        cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA busy_timeout=0")  # lock waits are asynchronous (sqlite_inline)
         cur.execute("PRAGMA foreign_keys=ON")

@@ -28,9 +28,18 @@ __all__ = ["status_in", "ACTIVE_RUN", "PENDING_DELIVERY", "run_move", "delivery_
 
 
 def status_in(table: str, statuses: Iterable[enum.StrEnum]) -> str:
-    """``<table>.status IN ('a', 'b')``, or a condition no row meets when there are none."""
-    written = ", ".join(f"'{s.value}'" for s in statuses)
-    return f"{table}.status IN ({written})" if written else "1 = 0"
+    """``<table>.status IN ('a', 'b')``, ``<table>.status = 'a'`` for one status, or a
+    condition no row meets when there are none.
+
+    One status is written with ``=``: SQLite uses a partial index only when the query's
+    WHERE has the index's own term, and takes ``status IN ('pending')`` for another term
+    than the ``status = 'pending'`` of ``ix_deliveries_due``. Written as IN, the dispatcher's
+    "when is the next delivery due" read scanned every delivery ever kept (32 ms per call with
+    200,000 runs of history, twice per dispatcher round: end to end fell to a quarter)."""
+    values = [f"'{s.value}'" for s in statuses]
+    if len(values) == 1:
+        return f"{table}.status = {values[0]}"
+    return f"{table}.status IN ({', '.join(values)})" if values else "1 = 0"
 
 
 ACTIVE_RUN = status_in("runs", active(TRANSITIONS))

@@ -1,27 +1,52 @@
-"""Pruning finished history in small batches (short transactions, no long locks)."""
+"""Pruning finished history in small batches (short transactions, no long locks).
+
+Each read here is a range of an index, so a batch costs the same with a million runs in the
+table as with a hundred: finished runs by ``finished_at`` (``ix_runs_finished``), a run's
+rows by ``run_id`` (deliveries: ``ix_deliveries_run_id``), events by their time-ordered
+primary key from where the previous pass stopped (``retention_marks``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.ids import id_floor
 from flowhook.store.guards import ACTIVE_RUN
-from flowhook.store.models import RunStatus
+from flowhook.store.models import DeliveryStatus, RunStatus
 from flowhook.store.tables import (
     approvals,
     deliveries,
     delivery_attempts,
     events,
     inbound_dedup,
+    retention_marks,
     run_steps,
     runs,
     signals,
     waits,
 )
 
-__all__ = ["prune_batch", "prune_signals"]
+__all__ = [
+    "prune_batch",
+    "prune_signals",
+    "clear_delivered",
+    "CLEARED_BODY",
+    "EVENTS_CLEARED",
+    "Step",
+]
+
+Step = Callable[[AsyncConnection], Awaitable[int]]
+"""One batch of a retention pass, in the transaction given: how many rows it handled."""
+
+CLEARED_BODY = b"null"
+"""What a delivered event's body becomes after ``FLOWHOOK_DELIVERY_RETENTION_DAYS``: still
+valid JSON wherever the body is shown, and never signed and sent again (replay refuses it)."""
+
+EVENTS_CLEARED = "events_cleared"
+"""The mark (``retention_marks``) below which events were looked at by :func:`clear_delivered`."""
 
 
 async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> int:
@@ -38,6 +63,7 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
                     ),
                     runs.c.finished_at < before,
                 )
+                .order_by(runs.c.finished_at)  # ix_runs_finished, oldest first
                 .limit(limit)
             )
         ).scalars()
@@ -75,3 +101,75 @@ async def prune_signals(conn: AsyncConnection, before: datetime, limit: int) -> 
     if ids:
         await conn.execute(delete(signals).where(signals.c.id.in_(ids)))
     return len(ids)
+
+
+async def clear_delivered(
+    conn: AsyncConnection, before: datetime, oldest: datetime, limit: int
+) -> int:
+    """Clear the bodies of up to ``limit`` events created before ``before`` that no delivery
+    still needs (none of theirs is pending or failed: a failed one keeps its event's body
+    until its run is pruned, so it can be replayed), and the response excerpts of their
+    succeeded deliveries' attempts. Events are read in id (creation) order from the mark the
+    previous call left, or from ``oldest`` (what run retention keeps) the first time; returns
+    how many events were looked at (fewer than ``limit``: the pass is done)."""
+    mark = await conn.scalar(
+        select(retention_marks.c.value).where(retention_marks.c.name == EVENTS_CLEARED)
+    )
+    # Ids are unique and no event's id is a floor (its random bits are never all zero), so
+    # "after the mark" is exact whether the mark is the last event looked at or a floor.
+    after = max(mark or "", id_floor("evt", int(oldest.timestamp() * 1000)))
+    stop = id_floor("evt", int(before.timestamp() * 1000))
+    if after >= stop:
+        return 0
+    ids = list(
+        (
+            await conn.execute(
+                select(events.c.id)
+                .where(events.c.id > after, events.c.id < stop)
+                .order_by(events.c.id)
+                .limit(limit)
+            )
+        ).scalars()
+    )
+    held = select(deliveries.c.event_id).where(
+        deliveries.c.event_id.in_(ids),
+        deliveries.c.status.in_([str(DeliveryStatus.PENDING), str(DeliveryStatus.FAILED)]),
+    )
+    kept = set((await conn.execute(held)).scalars()) if ids else set()
+    done = [i for i in ids if i not in kept]
+    if done:
+        await conn.execute(
+            update(events)
+            .where(
+                events.c.id.in_(done),
+                or_(events.c.body.is_(None), events.c.body != CLEARED_BODY),
+            )
+            # The payload goes too (the body is rebuilt from it otherwise): what stays is the
+            # cleared body, which reads as JSON null and which replay refuses.
+            .values(body=CLEARED_BODY, payload=CLEARED_BODY)
+        )
+        succeeded = select(deliveries.c.id).where(
+            deliveries.c.event_id.in_(done),
+            deliveries.c.status == str(DeliveryStatus.SUCCEEDED),
+        )
+        await conn.execute(
+            update(delivery_attempts)
+            .where(
+                delivery_attempts.c.delivery_id.in_(succeeded),
+                delivery_attempts.c.response_excerpt.is_not(None),
+            )
+            .values(response_excerpt=None)
+        )
+    await _set_mark(conn, ids[-1] if len(ids) == limit else stop, exists=mark is not None)
+    return len(ids)
+
+
+async def _set_mark(conn: AsyncConnection, value: str, *, exists: bool) -> None:
+    if exists:
+        await conn.execute(
+            update(retention_marks)
+            .where(retention_marks.c.name == EVENTS_CLEARED)
+            .values(value=value)
+        )
+    else:
+        await conn.execute(retention_marks.insert().values(name=EVENTS_CLEARED, value=value))

@@ -48,7 +48,14 @@ from flowhook.backoff import backoff
 if TYPE_CHECKING:
     from sqlalchemy.connectors.asyncio import AsyncIODBAPIConnection
 
-__all__ = ["DRIVER", "InlineConnection", "SQLiteDialect_inline", "engine_url", "open_connection"]
+__all__ = [
+    "DRIVER",
+    "InlineConnection",
+    "SQLiteDialect_inline",
+    "engine_url",
+    "is_busy",
+    "open_connection",
+]
 
 DRIVER = "flowhook_inline"
 """The dialect's driver name: URLs ``sqlite+flowhook_inline:///path``."""
@@ -58,7 +65,8 @@ T = TypeVar("T")
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says another connection holds the lock (SQLITE_BUSY or _LOCKED)."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return bool((code & 0xFF) in _BUSY)
@@ -144,7 +152,7 @@ class InlineConnection:
             try:
                 return function(*args)
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
+                if not is_busy(exc):
                     raise
                 now = time.monotonic()
                 if deadline is None:

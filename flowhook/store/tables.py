@@ -45,6 +45,7 @@ __all__ = [
     "signals",
     "waits",
     "approvals",
+    "retention_marks",
 ]
 
 metadata = MetaData(
@@ -243,6 +244,8 @@ _partial(
     runs.c.flow_id, runs.c.finished_at, runs.c.duration_ms,
 )  # fmt: skip
 _partial("ix_runs_queued", "status = 'queued'", runs.c.workspace_id, runs.c.mode, runs.c.due_at)
+# Retention's: finished runs by when they ended (top-level and parts alike), oldest first.
+_partial("ix_runs_finished", "finished_at IS NOT NULL", runs.c.finished_at)
 
 run_steps = Table(
     "run_steps",
@@ -354,6 +357,8 @@ deliveries = Table(
     Index(None, "workspace_id", "mode", "id"),
     Index(None, "endpoint_id", "status", "created_at"),
     Index(None, "event_id"),
+    # pruning deletes a run's deliveries by run_id (without it: a scan of the table per batch)
+    Index(None, "run_id"),
 )
 _partial(  # the overview page's pending deliveries, oldest first
     "ix_deliveries_pending", "status = 'pending'",
@@ -500,4 +505,14 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("comment", Text),
     _at("decided_at", required=False),
+)
+
+retention_marks = Table(
+    "retention_marks",
+    metadata,
+    # How far a retention pass has got, by name (``events_cleared``: the event id below which
+    # delivered events' bodies and their attempts' response excerpts were cleared), so the
+    # next pass starts there instead of reading the history again.
+    Column("name", String(40), primary_key=True),
+    Column("value", String(64), nullable=False),
 )

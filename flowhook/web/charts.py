@@ -23,6 +23,7 @@ __all__ = [
     "stacked",
     "nice_ceiling",
     "number",
+    "size",
     "millis",
     "age",
     "share",
@@ -155,6 +156,16 @@ def _summary(label: str, bucket: Bucket) -> str:
 def number(n: int | float) -> str:
     """``12,345``."""
     return f"{n:,.0f}"
+
+
+def size(n: int | float) -> str:
+    """Bytes as people read them: ``840 B``, ``12.5 KB``, ``3.2 MB``, ``1.1 GB`` (powers of 1024)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"  # pragma: no cover - the loop returns at GB
 
 
 def millis(ms: float) -> str:

@@ -22,6 +22,7 @@ router = APIRouter(include_in_schema=False)
 templates.env.filters["num"] = charts.number
 templates.env.filters["millis"] = charts.millis
 templates.env.filters["age"] = charts.age
+templates.env.filters["size"] = charts.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,4 +90,10 @@ def _view(o: Overview) -> dict[str, Any]:
 @router.get("/overview")
 async def overview(p: Page = PageDep) -> Response:
     found = await p.services.overview.get(p.who)
-    return p.render("overview.html", **_view(found))
+    settings = p.services.settings
+    return p.render(
+        "overview.html",
+        **_view(found),
+        retention_days=settings.retention_days,
+        delivery_days=min(settings.delivery_retention_days, settings.retention_days),
+    )

@@ -222,6 +222,13 @@ def test_overview_draws_runs_durations_and_deliveries(
     assert page.inner_text("#tile-failed .big") == str(failed)
     body = page.inner_text("main")
     assert "None" not in body and "nan" not in body.lower()
+    # The database's size and free pages, and what retention keeps (issue 20).
+    storage = " ".join(page.inner_text("#storage").split())
+    assert re.match(
+        r"Database: [\d.]+ (KB|MB|GB)(, no free pages|, of which [\d.]+ (B|KB|MB|GB) free pages)",
+        storage,
+    )
+    assert "finished runs are kept 30 days, delivered events' bodies 7" in storage
     shot(page, "overview-02-desktop")
 
     # On a phone: nothing wider than the screen, and the chart text keeps its size.

@@ -1,5 +1,5 @@
 """What a run stores (issue 20), on SQLite and PostgreSQL: an event's body is rebuilt from its
-row byte for byte, and migration 0019 converts a database written by the version before it
+row byte for byte, and migration 0020 converts a database written by the version before it
 so that the API reads back the same, and a replay sends (and signs) the same bytes."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ NOW = datetime(2026, 11, 20, 10, 15, 30, 123456, tzinfo=UTC)
 
 
 def test_the_rebuilt_envelope_is_the_body_make_event_always_wrote() -> None:
-    """The body as the store sent it before 0019 (the envelope serialised whole) and the one
+    """The body as the store sent it before 0020 (the envelope serialised whole) and the one
     rebuilt around the stored payload are the same bytes, for awkward payloads too."""
     for payload in (
         {},
@@ -91,7 +91,7 @@ async def test_events_read_back_with_the_bytes_written(db: Database) -> None:
     assert sorted(bytes(row.payload) for row in stored) == sorted(e.payload for e in written)
 
 
-# -- migration 0019 on a database written by the version before it --------------------------
+# -- migration 0020 on a database written by the version before it --------------------------
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -142,7 +142,7 @@ def _settings(url: str) -> Settings:
 
 
 async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
-    """A workspace with a completed run's events as the version before 0019 stored them (one
+    """A workspace with a completed run's events as the version before 0020 stored them (one
     of them with a body the envelope would not rebuild: kept as it is), a delivery of each
     (one failed after two attempts, with its log), and an endpoint; what was written."""
     settings = _settings(url)
@@ -253,7 +253,7 @@ async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def test_0019_converts_events_and_the_api_reads_back_the_same(
+async def test_0020_converts_events_and_the_api_reads_back_the_same(
     empty_url: str, receiver: Receiver
 ) -> None:
     old = await _write_as_0018(empty_url, receiver.url)

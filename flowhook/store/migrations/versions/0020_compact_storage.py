@@ -1,7 +1,7 @@
 """what a run costs on disk: event bodies rebuilt, not stored; SQLite's keyed tables clustered
 
-Revision ID: 0019_compact_storage
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 
 An event's body is the envelope of SPEC §2 around its payload; the envelope repeats the row's
 own columns (type, flow and run ids, the time), about 150 of its bytes. ``events.payload``
@@ -41,8 +41,8 @@ from alembic import op
 from flowhook.store.models import envelope
 from flowhook.store.types import JSONType, UTCDateTime
 
-revision = "0019_compact_storage"
-down_revision = "0018"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
@@ -56,7 +56,7 @@ _CONVENTION = {
 
 
 def _tables(suffix: str, *, rowid: bool) -> dict[str, sa.Table]:
-    """The three rebuilt tables as 0019 leaves them (``rowid=False``) or as 0018 had them,
+    """The three rebuilt tables as this migration leaves them (``rowid=False``) or as it found them,
     named ``<name><suffix>``."""
     md = sa.MetaData(naming_convention=_CONVENTION)
     kw: dict[str, Any] = {} if rowid else {"sqlite_with_rowid": False}
