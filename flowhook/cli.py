@@ -289,7 +289,7 @@ def worker(
 async def _work(settings: Settings, peer: Any = None) -> None:
     """The engine until SIGTERM or SIGINT (or, for ``serve``'s engine process, until its API
     process is gone: ``peer`` is the socket shared with it)."""
-    from flowhook.peer import PeerLink, attach_engine
+    from flowhook.peer import PeerLink, attach_engine, log_lock_waits
     from flowhook.runtime import Runtime
     from flowhook.service import Services
 
@@ -328,6 +328,7 @@ async def _work(settings: Settings, peer: Any = None) -> None:
     finally:
         if link is not None:
             link.close()
+            log_lock_waits("engine")
         await db.dispose()
         tracing.stop()
 

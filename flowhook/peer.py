@@ -41,8 +41,16 @@ from collections.abc import Callable
 
 from flowhook.config import Settings
 from flowhook.store.db import Database
+from flowhook.store.sqlite_inline import lock_waits
 
-__all__ = ["PeerLink", "EngineProcess", "attach_api", "attach_engine", "die_with_parent"]
+__all__ = [
+    "PeerLink",
+    "EngineProcess",
+    "attach_api",
+    "attach_engine",
+    "die_with_parent",
+    "log_lock_waits",
+]
 
 log = logging.getLogger("flowhook")
 
@@ -301,3 +309,14 @@ class EngineProcess:
         if self.link is not None:
             self.link.close()
             self.link = None
+            log_lock_waits("API")
+
+
+def log_lock_waits(process: str) -> None:
+    """Say how often this process waited for the other's write lock (SQLite)."""
+    log.info(
+        "%s process: %d waits for the other process's write lock, %.1f s in all",
+        process,
+        lock_waits.count,
+        lock_waits.seconds,
+    )

@@ -78,6 +78,20 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "database is locked" in text or "database table is locked" in text
 
 
+class LockWaits:
+    """How often this process's statements met another process's lock, and how long they
+    slept in all (``flowhook serve`` logs it when it stops)."""
+
+    __slots__ = ("count", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+
+
+lock_waits = LockWaits()
+
+
 class InlineCursor:
     """The part of ``aiosqlite.Cursor`` that SQLAlchemy's adapter uses."""
 
@@ -164,7 +178,10 @@ class InlineConnection:
                 if now >= deadline:
                     raise
                 tries += 1
-                await asyncio.sleep(min(backoff(tries, BUSY_BASE, BUSY_CAP), deadline - now))
+                pause = min(backoff(tries, BUSY_BASE, BUSY_CAP), deadline - now)
+                lock_waits.count += 1
+                lock_waits.seconds += pause
+                await asyncio.sleep(pause)
 
     @property
     def isolation_level(self) -> str | None:
