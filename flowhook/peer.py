@@ -1,8 +1,8 @@
 """``flowhook serve`` as two cooperating processes: the API, and an engine process (worker,
 webhook dispatcher, scheduler, retention) it starts beside itself, so the two use two cores.
 
-They share the database file and one Unix socket pair (``SOCK_SEQPACKET``), made by the API
-process before it starts the engine and inherited by it. Nothing else is on disk and nothing
+They share the database file and one Unix socket pair (a stream of newline-ended messages),
+made by the API process before it starts the engine and inherited by it. Nothing else is on disk and nothing
 polls: each process watches its end with the event loop (``add_reader``), so a message costs
 one ``send`` and wakes the other side at once, and the socket tells each side when the other
 is gone (end of file), however it ended, ``kill -9`` included.
@@ -84,6 +84,7 @@ class PeerLink:
         self._scheduled = False
         self._writing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._partial = b""
         self.sent = 0
         """Messages sent (tests and benchmarks look)."""
 
@@ -132,7 +133,14 @@ class PeerLink:
         if not parts:
             return
         try:
-            self._sock.send(" ".join(parts).encode())
+            message = (" ".join(parts) + "\n").encode()
+            sent = self._sock.send(message)
+            if sent < len(message):  # the buffer is all but full: the rest when it drains
+                self._flags = [message[sent:].decode()]
+                self._kinds.clear()
+                self._floor = None
+                self._events = False
+                raise BlockingIOError
         except BlockingIOError:  # the other side is behind: send when it has read
             if not self._writing and self._loop is not None:
                 self._writing = True
@@ -167,7 +175,9 @@ class PeerLink:
             if not data:
                 self._gone()
                 return
-            for part in data.decode().split():
+            data = self._partial + data
+            complete, _, self._partial = data.rpartition(b"\n")
+            for part in complete.decode().split():
                 self._receive(part)
 
     def _receive(self, part: str) -> None:
@@ -243,7 +253,7 @@ class EngineProcess:
         return self.proc.pid if self.proc is not None else None
 
     async def start(self, db: Database) -> None:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         s = self._settings
         env = {
             **os.environ,

@@ -15,7 +15,7 @@ from flowhook.store.db import Database
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
 
 async def turns(n: int = 5) -> None:
