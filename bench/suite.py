@@ -4,8 +4,8 @@
     .venv/bin/python bench/suite.py --smoke         # every benchmark once, small (CI runs this)
     .venv/bin/python bench/suite.py --backends sqlite --only accept,idle --repeat 5
 
-Each round starts a fresh database and a real `flowhook serve` (API, worker and dispatcher in
-one process, as a newcomer runs it) and drives it from this machine over 127.0.0.1:
+Each round starts a fresh database and a real `flowhook serve` (as a newcomer runs it: on
+SQLite the API and an engine process beside it, on PostgreSQL one process) and drives it from this machine over 127.0.0.1:
 
   accept      POST /api/v1/flows/execute under wrk at each --connections for --duration s:
               runs/s accepted (each durable before its 202), p50, p99; and in the same round

@@ -155,15 +155,44 @@ def serve(
     ] = None,
     database_url: DatabaseOpt = None,
     access_log: AccessLogOpt = False,
+    single_process: Annotated[
+        bool,
+        typer.Option(
+            "--single-process",
+            help="Run the engine inside the API process (one core) instead of beside it.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the API and the worker in one process (SQLite by default)."""
+    """Run the API and the engine (SQLite by default). On SQLite they are two processes,
+    started and stopped together: this one serves HTTP, its engine process runs the worker,
+    the webhook dispatcher, the scheduler and retention. If either ends, so does the other."""
     from flowhook.api.app import create_app
+    from flowhook.peer import EngineProcess
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
     base = f"http://{settings.host}:{settings.port}"
-    application = create_app(settings, on_bootstrap=lambda seeded: _print_welcome(seeded, base))
+    split = settings.is_sqlite and not single_process
+    server: uvicorn.Server | None = None
+
+    def engine_lost() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    engine = EngineProcess(settings, on_lost=engine_lost) if split else None
+    if split:
+        _with_db(settings, lambda db: _noop())  # migrated once, before either process starts
+    application = create_app(
+        settings,
+        on_bootstrap=lambda seeded: _print_welcome(seeded, base),
+        run_worker=not split,
+        run_migrations=not split,
+        engine=engine,
+    )
     logging.getLogger("flowhook").info(
-        "serving on %s with %s", base, "SQLite" if settings.is_sqlite else "PostgreSQL"
+        "serving on %s with %s%s",
+        base,
+        "SQLite" if settings.is_sqlite else "PostgreSQL",
+        " (API and engine in two processes)" if split else "",
     )
     config = uvicorn.Config(
         application,
@@ -178,7 +207,32 @@ def serve(
         timeout_graceful_shutdown=30,
     )
     tune_for_server()
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    server.run()
+    if engine is not None and engine.failed:
+        raise typer.Exit(1)
+
+
+@app.command(hidden=True)
+def engine(
+    peer_fd: Annotated[int, typer.Option(help="The socket shared with the API process.")],
+    parent_pid: Annotated[int, typer.Option(help="The API process.")],
+) -> None:
+    """The engine process of `flowhook serve` (started by it, not by hand): the worker, the
+    webhook dispatcher, the scheduler and retention, woken by the API process."""
+    import socket
+
+    import uvloop
+
+    from flowhook.peer import die_with_parent
+
+    if not die_with_parent(parent_pid):
+        raise typer.Exit(1)  # the API process is gone already
+    settings = _server_settings()
+    sock = socket.socket(fileno=peer_fd)
+    tune_for_server()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_work(settings, peer=sock))
 
 
 @app.command()
@@ -232,7 +286,10 @@ def worker(
     asyncio.run(_work(settings))
 
 
-async def _work(settings: Settings) -> None:
+async def _work(settings: Settings, peer: Any = None) -> None:
+    """The engine until SIGTERM or SIGINT (or, for ``serve``'s engine process, until its API
+    process is gone: ``peer`` is the socket shared with it)."""
+    from flowhook.peer import PeerLink, attach_engine, log_lock_waits
     from flowhook.runtime import Runtime
     from flowhook.service import Services
 
@@ -241,19 +298,37 @@ async def _work(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if peer is not None:  # Ctrl-C reaches both; the API process drains first, then stops this
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    link: PeerLink | None = None
     tracing.start(settings.otel_endpoint)
     try:
-        await migrate(db)
+        if peer is not None:
+            link = PeerLink(peer, on_lost=stop.set)
+            if db.is_sqlite:
+                attach_engine(link, db)
+            link.start()
+        else:
+            await migrate(db)  # serve's API process migrated before it started this one
         clock = SystemClock()
         runtime = Runtime(db, clock, settings, Services(db, clock, settings, db.wakeups["runs"]))
         await runtime.start()
-        logging.getLogger("flowhook").info("worker %s started", runtime.worker.owner)
+        name = "engine" if peer is not None else "worker"
+        logging.getLogger("flowhook").info("%s %s started", name, runtime.worker.owner)
+        if link is not None:
+            link.say("ready")
         await stop.wait()
+        if link is not None:
+            link.say("stopping")  # the API process stops too (and waits for this one)
         logging.getLogger("flowhook").info(
-            "worker draining (grace %.0f s)", settings.shutdown_grace
+            "%s draining (grace %.0f s)", name, settings.shutdown_grace
         )
         await runtime.stop()
     finally:
+        if link is not None:
+            link.close()
+            log_lock_waits("engine")
         await db.dispose()
         tracing.stop()
 

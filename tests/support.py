@@ -62,7 +62,11 @@ class Server:
 
 @contextmanager
 def serve(
-    cwd: Path, database_url: str, command: str = "serve", **env_extra: str
+    cwd: Path,
+    database_url: str,
+    command: str = "serve",
+    args: tuple[str, ...] = (),
+    **env_extra: str,
 ) -> Iterator[Server]:
     port = free_port()
     env = {
@@ -73,7 +77,7 @@ def serve(
         **env_extra,
     }
     proc = subprocess.Popen(
-        [FLOWHOOK, command],
+        [FLOWHOOK, command, *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

@@ -30,6 +30,7 @@ from flowhook.api.routes import (
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
 from flowhook.gctune import tune_for_server
+from flowhook.peer import EngineProcess
 from flowhook.runtime import Runtime
 from flowhook.service import Services
 from flowhook.service.auth import RevocationWatch
@@ -53,9 +54,11 @@ def create_app(
     run_worker: bool = True,
     run_migrations: bool = True,
     on_bootstrap: Callable[[Bootstrapped], None] | None = None,
+    engine: EngineProcess | None = None,
 ) -> FastAPI:
     """The Flowhook ASGI app. Its lifespan opens the store (migrating it), seeds an empty
-    database when ``on_bootstrap`` is given, and runs the worker in-process when asked."""
+    database when ``on_bootstrap`` is given, and runs the worker in-process when asked, or
+    starts and stops ``engine``, the engine process beside it (``flowhook serve``)."""
     settings = settings or Settings()
     clock = clock or SystemClock()
 
@@ -63,6 +66,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = _database(settings)
         runtime: Runtime | None = None
+        started: EngineProcess | None = None
         revocations: RevocationWatch | None = None
         hubs = contextlib.AsyncExitStack()
         tracing.start(settings.otel_endpoint)
@@ -77,12 +81,17 @@ def create_app(
                 seeded = await bootstrap(db, services.keys, services.flows)
                 if seeded is not None:
                     on_bootstrap(seeded)
-            if run_worker:
+            if engine is not None:
+                started = engine
+                await engine.start(db)
+            elif run_worker:
                 runtime = await _run_worker(app, Runtime(db, clock, settings, services))
             app.state.hub = await hubs.enter_async_context(streams.running_hub(db, settings))
             yield
         finally:
             await hubs.aclose()
+            if started is not None:
+                await started.stop()
             if runtime is not None:
                 await runtime.stop()
             if revocations is not None:

@@ -1,8 +1,10 @@
 """Connections and transactions, on SQLite or PostgreSQL.
 
-SQLite is one file owned by one process: writes go through a single connection (a pool of
-one), so they queue in the process instead of failing with "database is locked", and each
-write transaction starts with ``BEGIN IMMEDIATE``. Reads use their own small pool; WAL lets
+SQLite: each process writes through a single connection (a pool of one), so its writes
+queue in the process instead of failing with "database is locked", and each write
+transaction starts with ``BEGIN IMMEDIATE``, so a transaction meets another process's lock
+(``flowhook serve``'s engine process writes beside its API process) only at its start, where
+the wait is asynchronous. Reads use their own small pool; WAL lets
 them run beside the writer. Statements run on the event loop's thread
 (:mod:`flowhook.store.sqlite_inline`), not on a thread per connection. PostgreSQL uses one
 pool for both.

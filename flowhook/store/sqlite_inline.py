@@ -8,12 +8,14 @@ under one. This module's connection has aiosqlite's public shape (coroutine meth
 the ``sqlite3`` call at once, so a statement costs what SQLite costs (microseconds for the
 indexed statements Flowhook issues; a commit's fsync ~0.2 ms here).
 
-What it must never do is block the loop on a lock: another process (a second ``flowhook
-serve`` on the same file, the CLI) may hold the write lock. So the connection's busy timeout
+What it must never do is block the loop on a lock: another process (the engine process of
+``flowhook serve``, which writes beside its API process all the time; a second ``flowhook
+serve`` on the same file; the CLI) may hold the write lock. So the connection's busy timeout
 is zero and a ``SQLITE_BUSY`` answer is retried after an asynchronous sleep, up to
 ``busy_timeout`` seconds in all, which is what SQLite's own busy handler would have done on a
-thread. In WAL mode only ``BEGIN IMMEDIATE`` and a commit's checkpoint can meet such a lock;
-reads never wait for writers.
+thread, with waits kept short (:data:`BUSY_BASE`, :data:`BUSY_CAP`). In WAL mode only
+``BEGIN IMMEDIATE`` and a commit's checkpoint can meet such a lock; reads never wait for
+writers.
 
 The seam with SQLAlchemy is a registered dialect, :class:`SQLiteDialect_inline`: the aiosqlite
 dialect (SQL, types, pool choice, URL options) with its own DBAPI ``connect`` and a subclass of
@@ -64,6 +66,16 @@ T = TypeVar("T")
 
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
+BUSY_BASE = 0.001
+BUSY_CAP = 0.004
+"""Seconds between tries of a statement that met another process's lock: the first wait,
+and the most any wait grows to. ``flowhook serve`` on SQLite is two processes that both
+write (the API accepts runs, the engine records their progress), each holding the lock for
+a transaction of a millisecond or two; a waiter that backed off to tens of milliseconds
+would lose the lock to the other side over and over (the p99 of accept grew with it), while
+a try costs a few microseconds. One millisecond is the event loop's timer resolution
+(libuv's), so shorter waits would spin."""
+
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` says another connection holds the lock (SQLITE_BUSY or _LOCKED)."""
@@ -72,6 +84,20 @@ def is_busy(exc: sqlite3.OperationalError) -> bool:
         return bool((code & 0xFF) in _BUSY)
     text = str(exc)
     return "database is locked" in text or "database table is locked" in text
+
+
+class LockWaits:
+    """How often this process's statements met another process's lock, and how long they
+    slept in all (``flowhook serve`` logs it when it stops)."""
+
+    __slots__ = ("count", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+
+
+lock_waits = LockWaits()
 
 
 class InlineCursor:
@@ -160,7 +186,10 @@ class InlineConnection:
                 if now >= deadline:
                     raise
                 tries += 1
-                await asyncio.sleep(min(backoff(tries, 0.0005, 0.05), deadline - now))
+                pause = min(backoff(tries, BUSY_BASE, BUSY_CAP), deadline - now)
+                lock_waits.count += 1
+                lock_waits.seconds += pause
+                await asyncio.sleep(pause)
 
     @property
     def isolation_level(self) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -18,13 +19,19 @@ log = logging.getLogger("flowhook.store")
 
 
 class Wakeup:
-    """Set when work may be waiting; a worker clears it before it claims."""
+    """Set when work may be waiting; a worker clears it before it claims.
+
+    ``forward``, when set, is called on every notify as well: ``flowhook serve`` on SQLite
+    passes the API process's wake-ups to its engine process that way (:mod:`flowhook.peer`)."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.forward: Callable[[], None] | None = None
 
     def notify(self) -> None:
         self._event.set()
+        if self.forward is not None:
+            self.forward()
 
     def clear(self) -> None:
         self._event.clear()
