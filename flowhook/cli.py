@@ -204,6 +204,7 @@ def serve(
         access_log=access_log,
         lifespan="on",
         log_config=None,
+        timeout_keep_alive=int(settings.http_keep_alive),
         timeout_graceful_shutdown=30,
     )
     tune_for_server()
@@ -262,6 +263,7 @@ def api(
         log_level=settings.log_level,
         access_log=access_log,
         log_config=None,
+        timeout_keep_alive=int(settings.http_keep_alive),
         timeout_graceful_shutdown=int(settings.shutdown_grace),
     )
 

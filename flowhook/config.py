@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     """Retry 408 and 429 answers, honouring Retry-After (off: the spec says 4xx is final)."""
     dispatcher_concurrency: int = Field(default=64, ge=1)
 
+    http_keep_alive: float = Field(default=75.0, gt=0, le=3600)
+    """Seconds the API keeps an idle keep-alive connection open. Longer than common clients
+    keep theirs (httpx 5 s, aiohttp 15 s), so a client drops an idle connection before the
+    server does: a request sent on a connection the server is closing at that moment would be
+    reset (``bench/ka_probe.py``)."""
     shutdown_grace: float = Field(default=30.0, ge=0)
     """On SIGTERM: seconds for work in flight to finish before it is handed back."""
     retention_days: float = Field(default=30.0, gt=0)

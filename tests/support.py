@@ -50,6 +50,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, proc: subprocess.Popen[str], port: int, output: list[str]) -> None:
         self.proc = proc
+        self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.output = output
 

@@ -4,6 +4,7 @@ a run started with the spec's request and polled as SPEC §4.2 shows."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -98,3 +99,40 @@ def test_keys_create_json_for_scripts(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode != 0
+
+
+def _healthz(sock: socket.socket) -> bytes:
+    """One whole answer to ``GET /healthz`` on ``sock`` (head and body)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(4096)
+    return data
+
+
+def test_an_idle_connection_is_kept_longer_than_clients_keep_theirs(tmp_path: Path) -> None:
+    """A client reusing a connection idle for 6 s (past uvicorn's own 5 s, and httpx's) is
+    answered, not reset; FLOWHOOK_HTTP_KEEP_ALIVE sets how long the server keeps one."""
+    url = f"sqlite:///{tmp_path / 'ka.db'}"
+    with serve(tmp_path, url) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        assert _healthz(s).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        assert _healthz(s).startswith(b"HTTP/1.1 200")
+    with (
+        serve(tmp_path, url, FLOWHOOK_HTTP_KEEP_ALIVE="1") as server,
+        socket.create_connection(("127.0.0.1", server.port)) as s,
+    ):
+        assert _healthz(s).startswith(b"HTTP/1.1 200")
+        s.settimeout(10)
+        assert s.recv(4096) == b""  # closed by the server after 1 s idle
