@@ -228,7 +228,7 @@ def test_overview_draws_runs_durations_and_deliveries(
         r"Database: [\d.]+ (KB|MB|GB)(, no free pages|, of which [\d.]+ (B|KB|MB|GB) free pages)",
         storage,
     )
-    assert "finished runs are kept 30 days, delivered events' bodies 7" in storage
+    assert "finished runs are kept 30 days, delivered events' bodies 7 days" in storage
     shot(page, "overview-02-desktop")
 
     # On a phone: nothing wider than the screen, and the chart text keeps its size.
