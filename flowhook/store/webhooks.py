@@ -11,7 +11,7 @@ is marked ``interrupted`` in the attempt log.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -330,18 +330,24 @@ class DueDelivery:
     """The trace context of the event's run (read with the claim: no query of its own)."""
 
     @classmethod
-    def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
-        """From a row of :data:`_DUE_COLUMNS`; secrets opened with ``box``."""
-        body = row.body
+    def from_values(cls, values: dict[str, Any], box: SecretBox) -> DueDelivery:
+        """From the columns of :data:`_DUE_COLUMNS` by name; secrets opened with ``box``."""
+        body = values["body"]
         if body is None:  # the envelope, rebuilt around the stored payload
-            body = envelope(row.event_type, row.flow_id, row.run_id, row.event_at, row.payload)
-        return from_row(
-            cls,
-            row,
-            {"enabled": bool},
+            body = envelope(
+                values["event_type"],
+                values["flow_id"],
+                values["run_id"],
+                values["event_at"],
+                values["payload"],
+            )
+        secret, previous = values["secret"], values["previous_secret"]
+        return cls(
+            **{name: values[name] for name in _DUE_PLAIN},
+            enabled=bool(values["enabled"]),
             body=bytes(body),
-            secret=box.open(row.secret) if row.secret else "",
-            previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
+            secret=box.open(secret) if secret else "",
+            previous_secret=box.open(previous) if previous else None,
         )
 
 
@@ -367,6 +373,15 @@ _DUE_COLUMNS = (
     events.c.flow_id,
     runs.c.traceparent,
 )
+_DUE_NAMES = tuple(c.key for c in _DUE_COLUMNS)
+_DUE_TIMES = frozenset(("event_at", "previous_secret_expires_at", "failing_since", "created_at"))
+"""Read as SQLite's text on the raw path, made aware datetimes there."""
+_DUE_PLAIN = tuple(
+    f.name
+    for f in fields(DueDelivery)
+    if f.name in _DUE_NAMES and f.name not in ("enabled", "body", "secret", "previous_secret")
+)
+"""The fields of :class:`DueDelivery` taken from their column as they are."""
 
 
 async def claim_deliveries(
@@ -412,9 +427,17 @@ async def claim_deliveries(
         delivery_attempts,
         [{"delivery_id": r[0], "number": r[1], "started_at": now} for r in claimed],
     )
-    rows = (await conn.execute(_due_statement(), {"ids": claimed_ids})).all()
     box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
-    return [DueDelivery.from_row(r, box) for r in rows]
+    if raw is not None:
+        found = []
+        for row in bulk.run_raw(raw, _due_statement(), {"ids": claimed_ids}):
+            values = dict(zip(_DUE_NAMES, row, strict=True))
+            for name in _DUE_TIMES:
+                values[name] = bulk.stored_datetime(values[name])
+            found.append(DueDelivery.from_values(values, box))
+        return found
+    rows = (await conn.execute(_due_statement(), {"ids": claimed_ids})).all()
+    return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
 
 # The dispatcher claims many times a second: its statements are built once (per dialect,

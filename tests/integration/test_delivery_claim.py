@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
+import orjson
+
 from flowhook.clock import FakeClock
 from flowhook.service import Services
 from flowhook.store import webhooks as store
@@ -90,3 +92,26 @@ async def test_a_claim_takes_only_deliveries_still_due(services: Services, db: D
     clock.advance(LEASE.total_seconds() + 1)
     again = await _claim(db, clock, limit=8, per_endpoint=8, busy=[])
     assert sorted((d.id, d.attempts) for d in again) == sorted([(one.id, 2), (two.id, 2)])
+
+
+async def test_a_claim_reads_what_each_attempt_needs(services: Services, db: Database) -> None:
+    """What a claim reads back (on SQLite from ``sqlite3`` itself, its text turned into
+    typed values): the signed body, both secrets with the previous one's expiry, the
+    timestamps as aware UTC datetimes; and for a deleted endpoint, no URL."""
+    clock = FakeClock()
+    who, (kept, gone) = await setup(
+        services, clock, ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
+    )
+    rotated = await services.webhooks.rotate_secret(who, kept)
+    await raise_event(db, who, clock)
+    await services.webhooks.delete_endpoint(who, gone)
+    claimed = {d.endpoint_id: d for d in await _claim(db, clock, limit=8, per_endpoint=8, busy=[])}
+    mine, orphan = claimed[kept], claimed[gone]
+    assert (mine.url, mine.enabled, mine.secret) == ("http://127.0.0.1:9/a", True, rotated.secret)
+    assert mine.previous_secret and mine.previous_secret != mine.secret
+    assert mine.previous_secret_expires_at == rotated.previous_secret_expires_at
+    assert mine.created_at == clock.now() and mine.created_at.tzinfo is not None
+    assert mine.failing_since is None and mine.attempts == 1
+    body = orjson.loads(mine.body)
+    assert (body["event"], body["run_id"], body["payload"]) == ("flow.completed", "run_0", {"i": 0})
+    assert (orphan.url, orphan.enabled, orphan.secret, orphan.body) == (None, False, "", mine.body)
