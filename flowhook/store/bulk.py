@@ -47,18 +47,33 @@ from sqlalchemy.types import (
 from flowhook.store.sqlite_inline import InlineConnection
 from flowhook.store.types import UTCDateTime
 
-__all__ = ["insert", "update", "update_each", "raw_sqlite", "run_raw", "stored_datetime"]
+__all__ = [
+    "insert",
+    "update",
+    "update_each",
+    "raw_sqlite",
+    "inline_sqlite",
+    "run_raw",
+    "stored_datetime",
+]
 
 Convert = Callable[[Any], Any]
+
+
+def inline_sqlite(conn: AsyncConnection) -> InlineConnection | None:
+    """The inline driver's connection under ``conn`` (in its transaction), or ``None`` when
+    the store is not SQLite on the inline driver."""
+    if conn.dialect.name != "sqlite":
+        return None
+    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
+    return driver if isinstance(driver, InlineConnection) else None
 
 
 def raw_sqlite(conn: AsyncConnection) -> sqlite3.Connection | None:
     """The ``sqlite3`` connection under ``conn`` (in its transaction), or ``None`` when the
     store is not SQLite on the inline driver."""
-    if conn.dialect.name != "sqlite":
-        return None
-    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
-    return driver.raw if isinstance(driver, InlineConnection) else None
+    inline = inline_sqlite(conn)
+    return None if inline is None else inline.raw
 
 
 def _sqlite_datetime(value: datetime | None) -> str | None:
@@ -323,10 +338,11 @@ def _raw_value(value: Any) -> Any:
     return value
 
 
-def run_raw(raw: sqlite3.Connection, stmt: Any, params: dict[str, Any]) -> list[Any]:
+async def run_raw(inline: InlineConnection, stmt: Any, params: dict[str, Any]) -> list[Any]:
     """Execute ``stmt`` (a statement built once, its values all named bind parameters; a
-    list for an ``expanding`` one) on the ``sqlite3`` connection of :func:`raw_sqlite` and
-    return its rows as tuples of stored values (a datetime as SQLite's text). Parameters are
+    list for an ``expanding`` one) on the connection of :func:`inline_sqlite` (another
+    process's lock waited for as every statement's is: a read outside a write transaction
+    may meet one) and return its rows as tuples of stored values (a datetime as SQLite's text). Parameters are
     converted as SQLAlchemy's SQLite dialect stores them (datetimes naive UTC text, booleans
     1/0); the columns read are not converted."""
     sizes = tuple(
@@ -341,7 +357,8 @@ def run_raw(raw: sqlite3.Connection, stmt: Any, params: dict[str, Any]) -> list[
         else:
             values.append(_raw_value(value))
     try:
-        return raw.execute(sql, values).fetchall()
+        cursor = await inline.call(inline.raw.execute, sql, values)
+        return cursor.fetchall()
     except sqlite3.Error as exc:
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 

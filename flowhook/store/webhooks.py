@@ -412,9 +412,9 @@ async def claim_deliveries(
     if not ids:
         return []
     params = {"ids": ids, "now": now, "owner": owner, "lease_until": lease_until}
-    raw = bulk.raw_sqlite(conn)
-    if raw is not None:
-        claimed: Sequence[Any] = bulk.run_raw(raw, _claim_statement(), params)
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        claimed: Sequence[Any] = await bulk.run_raw(inline, _claim_statement(), params)
     else:
         claimed = (await conn.execute(_claim_statement(), params)).all()
     if not claimed:
@@ -428,9 +428,9 @@ async def claim_deliveries(
         [{"delivery_id": r[0], "number": r[1], "started_at": now} for r in claimed],
     )
     box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
-    if raw is not None:
+    if inline is not None:
         found = []
-        for row in bulk.run_raw(raw, _due_statement(), {"ids": claimed_ids}):
+        for row in await bulk.run_raw(inline, _due_statement(), {"ids": claimed_ids}):
             values = dict(zip(_DUE_NAMES, row, strict=True))
             for name in _DUE_TIMES:
                 values[name] = bulk.stored_datetime(values[name])
@@ -528,9 +528,10 @@ async def _oldest_due(
     }  # fmt: skip
     if busy:
         params["busy"] = busy
-    raw = bulk.raw_sqlite(conn)
-    if raw is not None:
-        return [r[0] for r in bulk.run_raw(raw, _oldest_due_statement(True, bool(busy)), params)]
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        stmt = _oldest_due_statement(True, bool(busy))
+        return [r[0] for r in await bulk.run_raw(inline, stmt, params)]
     stmt = _oldest_due_statement(conn.dialect.name == "sqlite", bool(busy))
     return list((await conn.execute(stmt, params)).scalars())
 
@@ -801,11 +802,10 @@ async def next_due_delivery(
     now (they wake the dispatcher themselves when they can)."""
     busy = list(busy_endpoints)
     params = {"busy": busy} if busy else {}
-    raw = bulk.raw_sqlite(conn)
-    if raw is not None:
-        return bulk.stored_datetime(
-            bulk.run_raw(raw, _next_due_statement(bool(busy)), params)[0][0]
-        )
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        [(found,)] = await bulk.run_raw(inline, _next_due_statement(bool(busy)), params)
+        return bulk.stored_datetime(found)
     value = (await conn.execute(_next_due_statement(bool(busy)), params)).scalar_one_or_none()
     if value is None:
         return None
