@@ -30,15 +30,22 @@ def _fields(cls: Any) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-_PLANS: dict[tuple[Any, Any], tuple[tuple[str, int], ...]] = {}
-"""Per (model class, result metadata): which fields the row has, and at which index."""
+_PLANS: dict[tuple[Any, tuple[Any, ...]], tuple[tuple[str, int], ...]] = {}
+"""Per (model class, a result's column keys): which fields the row has, and at which index."""
 _PLANS_MAX = 512
+_LAST: dict[Any, tuple[Any, tuple[tuple[str, int], ...]]] = {}
+"""Per model class: the result metadata last seen and its plan (the rows of one result, and
+of every execution of a statement built once, share their metadata)."""
 
 
 def _plan(cls: Any, row: Any) -> tuple[tuple[str, int], ...]:
     """The fields of ``cls`` that ``row`` has and each one's index in the row (``-1``: by
     name, for a name the row holds twice, which SQLAlchemy reports as ambiguous)."""
-    key = (cls, row._parent)  # the rows of one result (and of one cached statement) share it
+    parent = row._parent
+    last = _LAST.get(cls)
+    if last is not None and last[0] is parent:
+        return last[1]
+    key = (cls, tuple(parent.keys))
     plan = _PLANS.get(key)
     if plan is None:
         columns, index = row._mapping, row._key_to_index
@@ -47,9 +54,10 @@ def _plan(cls: Any, row: Any) -> tuple[tuple[str, int], ...]:
             for name in _fields(cls)
             if name in columns
         )
-        if len(_PLANS) >= _PLANS_MAX:  # results of uncached statements each bring their own
+        if len(_PLANS) >= _PLANS_MAX:  # pragma: no cover - the store has a few dozen shapes
             _PLANS.clear()
         _PLANS[key] = plan
+    _LAST[cls] = (parent, plan)
     return plan
 
 
