@@ -443,10 +443,19 @@ async def request_cancel(
     return result.rowcount == 1
 
 
+@cache
+def _next_due_statement() -> Any:
+    return select(func.min(runs.c.available_at)).where(_CLAIMABLE)
+
+
 async def next_due(conn: AsyncConnection) -> datetime | None:
-    """When the next queued or sleeping run becomes claimable."""
-    q = select(func.min(runs.c.available_at)).where(_CLAIMABLE)
-    value = (await conn.execute(q)).scalar_one_or_none()
+    """When the next queued or sleeping run becomes claimable (the worker asks before each
+    idle wait: built once; on SQLite run straight on ``sqlite3``)."""
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        [(found,)] = await bulk.run_raw(inline, _next_due_statement(), {})
+        return bulk.stored_datetime(found)
+    value = (await conn.execute(_next_due_statement())).scalar_one_or_none()
     if value is None:
         return None
     assert isinstance(value, datetime)

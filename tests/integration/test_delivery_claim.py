@@ -11,8 +11,10 @@ import orjson
 
 from flowhook.clock import FakeClock
 from flowhook.service import Services
+from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
+from flowhook.store.models import Mode
 from tests.integration.test_dispatcher import raise_event, setup
 
 LEASE = timedelta(seconds=30)
@@ -115,3 +117,31 @@ async def test_a_claim_reads_what_each_attempt_needs(services: Services, db: Dat
     body = orjson.loads(mine.body)
     assert (body["event"], body["run_id"], body["payload"]) == ("flow.completed", "run_0", {"i": 0})
     assert (orphan.url, orphan.enabled, orphan.secret, orphan.body) == (None, False, "", mine.body)
+
+
+async def test_the_run_queues_due_time_probe(services: Services, db: Database) -> None:
+    """The worker's probe (built once, on SQLite read straight from ``sqlite3``): nothing
+    queued, a queued run's time, then its lease's end once claimed, as aware datetimes."""
+    clock = FakeClock()
+    created = await services.keys.create(Mode.TEST, "ws")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    services.runs._clock = clock  # type: ignore[attr-defined]
+
+    async def due() -> object:
+        async with db.read() as conn:
+            return await runs_store.next_due(conn)
+
+    assert await due() is None
+    flow = await services.flows.create(
+        who, {"name": "t", "steps": [{"id": "a", "type": "transform", "output": {}}]}
+    )
+    started = await services.runs.start(who, flow_id=flow.flow_id, payload={})
+    assert await due() == clock.now()
+    clock.advance(1)
+    now = clock.now()
+    async with db.transaction() as conn:
+        [run] = await runs_store.claim_runs(
+            conn, owner="w", now=now, lease_until=now + LEASE, limit=4
+        )
+    assert run.run_id == started.run.run_id
+    assert await due() == now + LEASE
