@@ -13,6 +13,10 @@ carries a guard (its status among the legal sources, the lease owner), and the c
 row by row which ones the database applied. On SQLite that is one execution per row on the
 same prepared statement (microseconds each); on PostgreSQL one ``UPDATE … FROM unnest(…)
 RETURNING`` per call, whose text does not depend on the number of rows, so it is prepared once.
+
+:func:`run_raw` runs any other statement built once with named bind parameters (the
+dispatcher's claim and its due-time probe, many times a second) the same way: compiled for
+SQLite once, then handed to ``sqlite3`` with its parameters converted as SQLAlchemy would.
 """
 
 from __future__ import annotations
@@ -43,18 +47,33 @@ from sqlalchemy.types import (
 from flowhook.store.sqlite_inline import InlineConnection
 from flowhook.store.types import UTCDateTime
 
-__all__ = ["insert", "update", "update_each", "raw_sqlite"]
+__all__ = [
+    "insert",
+    "update",
+    "update_each",
+    "raw_sqlite",
+    "inline_sqlite",
+    "run_raw",
+    "stored_datetime",
+]
 
 Convert = Callable[[Any], Any]
+
+
+def inline_sqlite(conn: AsyncConnection) -> InlineConnection | None:
+    """The inline driver's connection under ``conn`` (in its transaction), or ``None`` when
+    the store is not SQLite on the inline driver."""
+    if conn.dialect.name != "sqlite":
+        return None
+    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
+    return driver if isinstance(driver, InlineConnection) else None
 
 
 def raw_sqlite(conn: AsyncConnection) -> sqlite3.Connection | None:
     """The ``sqlite3`` connection under ``conn`` (in its transaction), or ``None`` when the
     store is not SQLite on the inline driver."""
-    if conn.dialect.name != "sqlite":
-        return None
-    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
-    return driver.raw if isinstance(driver, InlineConnection) else None
+    inline = inline_sqlite(conn)
+    return None if inline is None else inline.raw
 
 
 def _sqlite_datetime(value: datetime | None) -> str | None:
@@ -286,3 +305,64 @@ async def update_each(
     result = await conn.execute(_unnest_statement(table, columns, keys, guard, ordered), params)
     matched = {tuple(r) for r in result.all()}
     return [tuple(key[k] for k in keys) in matched for _, key in rows]
+
+
+@lru_cache(maxsize=128)
+def _raw_plan(
+    stmt: Any, sizes: tuple[tuple[str, int], ...]
+) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """``stmt`` compiled for SQLite (once), each expanding parameter of ``sizes`` written out
+    as that many placeholders, the parameter names in the order the SQL binds them, and the
+    values SQLAlchemy bound itself (a literal such as ``attempts + 1``'s one)."""
+    compiled = stmt.compile(dialect=sqlite.dialect())
+    own = {k: v for k, v in compiled.params.items() if v is not None}
+    sql = str(compiled)
+    order: list[str] = []
+    size = dict(sizes)
+    for name in compiled.positiontup or ():
+        if name in size:
+            if size[name] < 1:
+                raise ValueError(f"run_raw: empty list for {name!r}")
+            sql = sql.replace(f"__[POSTCOMPILE_{name}]", ", ".join("?" * size[name]), 1)
+        order.append(name)
+    if "__[POSTCOMPILE_" in sql:  # pragma: no cover - a list parameter without a list
+        raise ValueError(f"run_raw: a list parameter was given no list: {sql}")
+    return sql, tuple(order), own
+
+
+def _raw_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return _sqlite_datetime(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+async def run_raw(inline: InlineConnection, stmt: Any, params: dict[str, Any]) -> list[Any]:
+    """Execute ``stmt`` (a statement built once, its values all named bind parameters; a
+    list for an ``expanding`` one) on the connection of :func:`inline_sqlite` (another
+    process's lock waited for as every statement's is: a read outside a write transaction
+    may meet one) and return its rows as tuples of stored values (a datetime as SQLite's text). Parameters are
+    converted as SQLAlchemy's SQLite dialect stores them (datetimes naive UTC text, booleans
+    1/0); the columns read are not converted."""
+    sizes = tuple(
+        (name, len(value)) for name, value in params.items() if isinstance(value, list | tuple)
+    )
+    sql, order, own = _raw_plan(stmt, sizes)
+    values: list[Any] = []
+    for name in order:
+        value = params[name] if name in params else own[name]
+        if isinstance(value, list | tuple):
+            values.extend(_raw_value(v) for v in value)
+        else:
+            values.append(_raw_value(value))
+    try:
+        cursor = await inline.call(inline.raw.execute, sql, values)
+        return cursor.fetchall()
+    except sqlite3.Error as exc:
+        raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+
+
+def stored_datetime(value: str | None) -> datetime | None:
+    """A datetime as :func:`run_raw` reads it (SQLite's text, naive UTC), made aware."""
+    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)

@@ -30,6 +30,37 @@ def _fields(cls: Any) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
+_PLANS: dict[tuple[Any, tuple[Any, ...]], tuple[tuple[str, int], ...]] = {}
+"""Per (model class, a result's column keys): which fields the row has, and at which index."""
+_PLANS_MAX = 512
+_LAST: dict[Any, tuple[Any, tuple[tuple[str, int], ...]]] = {}
+"""Per model class: the result metadata last seen and its plan (the rows of one result, and
+of every execution of a statement built once, share their metadata)."""
+
+
+def _plan(cls: Any, row: Any) -> tuple[tuple[str, int], ...]:
+    """The fields of ``cls`` that ``row`` has and each one's index in the row (``-1``: by
+    name, for a name the row holds twice, which SQLAlchemy reports as ambiguous)."""
+    parent = row._parent
+    last = _LAST.get(cls)
+    if last is not None and last[0] is parent:
+        return last[1]
+    key = (cls, tuple(parent.keys))
+    plan = _PLANS.get(key)
+    if plan is None:
+        columns, index = row._mapping, row._key_to_index
+        plan = tuple(
+            (name, -1 if index.get(name) is None else index[name])
+            for name in _fields(cls)
+            if name in columns
+        )
+        if len(_PLANS) >= _PLANS_MAX:  # pragma: no cover - the store has a few dozen shapes
+            _PLANS.clear()
+        _PLANS[key] = plan
+    _LAST[cls] = (parent, plan)
+    return plan
+
+
 def from_row(
     cls: type[T],
     row: Any,
@@ -38,13 +69,16 @@ def from_row(
     **given: Any,
 ) -> T:
     """``cls`` from ``row``: each field from the column of its name (through ``convert``'s
-    function for it, if any), or from ``given``; a field the row lacks keeps its default."""
-    columns = row._mapping
-    values = dict(given)
-    for name in _fields(cls):  # type: ignore[arg-type]
-        if name in values or name not in columns:
+    function for it, if any), or from ``given``; a field the row lacks keeps its default.
+
+    Which fields the row has, and where, is worked out once per class and result shape
+    (:func:`_plan`), not looked up by name field by field: that was ~2 % of the engine's
+    time under load."""
+    values = given  # a fresh dict: the call's own keyword arguments
+    for name, i in _plan(cls, row):
+        if name in values:
             continue
-        value = columns[name]
+        value = row[i] if i >= 0 else row._mapping[name]
         values[name] = convert[name](value) if name in convert else value
     return cls(**values)
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import and_, func, or_, select, text, union_all, update
+from sqlalchemy import Integer, and_, bindparam, func, or_, select, text, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -189,7 +190,20 @@ async def claim_runs(
     PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
     writer, so the same statement inside its write transaction is enough.
     """
-    pg = conn.dialect.name == "postgresql"
+    stmt = _claim_statement(conn.dialect.name == "postgresql")
+    params = {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit}
+    claimed = [Run.from_row(r) for r in (await conn.execute(stmt, params)).all()]
+    claimed.sort(key=lambda r: r.queued_at)
+    return claimed
+
+
+@cache
+def _claim_statement(pg: bool) -> Any:
+    """:func:`claim_runs`' statement, built once per dialect (the engine claims many times a
+    second), its values bound: ``owner``, ``now``, ``lease_until``, ``limit``."""
+    now = bindparam("now", type_=runs.c.due_at.type)
+    until = bindparam("lease_until", type_=runs.c.available_at.type)
+    limit = bindparam("limit", type_=Integer)
 
     def due(where: Any, index: str, *order: Any) -> Any:
         q = (
@@ -215,20 +229,17 @@ async def claim_runs(
         .order_by(candidates.c.priority.desc(), candidates.c.due_at)
         .limit(limit)
     )
-    stmt = (
+    return (
         update(runs)
         .where(runs.c.run_id.in_(chosen.scalar_subquery()))
         .values(
-            lease_owner=owner,
-            lease_expires_at=lease_until,
-            available_at=lease_until,
+            lease_owner=bindparam("owner"),
+            lease_expires_at=until,
+            available_at=until,
             claims=runs.c.claims + 1,
         )
         .returning(*RUN_COLUMNS)
     )
-    claimed = [Run.from_row(r) for r in (await conn.execute(stmt)).all()]
-    claimed.sort(key=lambda r: r.queued_at)
-    return claimed
 
 
 def _held(conn: AsyncConnection, owner: str, run_ids: Sequence[str]) -> Any:
@@ -432,10 +443,19 @@ async def request_cancel(
     return result.rowcount == 1
 
 
+@cache
+def _next_due_statement() -> Any:
+    return select(func.min(runs.c.available_at)).where(_CLAIMABLE)
+
+
 async def next_due(conn: AsyncConnection) -> datetime | None:
-    """When the next queued or sleeping run becomes claimable."""
-    q = select(func.min(runs.c.available_at)).where(_CLAIMABLE)
-    value = (await conn.execute(q)).scalar_one_or_none()
+    """When the next queued or sleeping run becomes claimable (the worker asks before each
+    idle wait: built once; on SQLite run straight on ``sqlite3``)."""
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        [(found,)] = await bulk.run_raw(inline, _next_due_statement(), {})
+        return bulk.stored_datetime(found)
+    value = (await conn.execute(_next_due_statement())).scalar_one_or_none()
     if value is None:
         return None
     assert isinstance(value, datetime)

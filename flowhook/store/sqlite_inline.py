@@ -191,6 +191,11 @@ class InlineConnection:
                 lock_waits.seconds += pause
                 await asyncio.sleep(pause)
 
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` (a call on :attr:`raw`), tried again after an asynchronous
+        wait while another process holds the lock, as every statement is."""
+        return await self._call(function, *args)
+
     @property
     def isolation_level(self) -> str | None:
         return self.raw.isolation_level

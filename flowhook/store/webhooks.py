@@ -11,11 +11,12 @@ is marked ``interrupted`` in the attempt log.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Integer, bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -329,18 +330,24 @@ class DueDelivery:
     """The trace context of the event's run (read with the claim: no query of its own)."""
 
     @classmethod
-    def from_row(cls, row: Any, box: SecretBox) -> DueDelivery:
-        """From a row of :data:`_DUE_COLUMNS`; secrets opened with ``box``."""
-        body = row.body
+    def from_values(cls, values: dict[str, Any], box: SecretBox) -> DueDelivery:
+        """From the columns of :data:`_DUE_COLUMNS` by name; secrets opened with ``box``."""
+        body = values["body"]
         if body is None:  # the envelope, rebuilt around the stored payload
-            body = envelope(row.event_type, row.flow_id, row.run_id, row.event_at, row.payload)
-        return from_row(
-            cls,
-            row,
-            {"enabled": bool},
+            body = envelope(
+                values["event_type"],
+                values["flow_id"],
+                values["run_id"],
+                values["event_at"],
+                values["payload"],
+            )
+        secret, previous = values["secret"], values["previous_secret"]
+        return cls(
+            **{name: values[name] for name in _DUE_PLAIN},
+            enabled=bool(values["enabled"]),
             body=bytes(body),
-            secret=box.open(row.secret) if row.secret else "",
-            previous_secret=box.open(row.previous_secret) if row.previous_secret else None,
+            secret=box.open(secret) if secret else "",
+            previous_secret=box.open(previous) if previous else None,
         )
 
 
@@ -366,6 +373,15 @@ _DUE_COLUMNS = (
     events.c.flow_id,
     runs.c.traceparent,
 )
+_DUE_NAMES = tuple(c.key for c in _DUE_COLUMNS)
+_DUE_TIMES = frozenset(("event_at", "previous_secret_expires_at", "failing_since", "created_at"))
+"""Read as SQLite's text on the raw path, made aware datetimes there."""
+_DUE_PLAIN = tuple(
+    f.name
+    for f in fields(DueDelivery)
+    if f.name in _DUE_NAMES and f.name not in ("enabled", "body", "secret", "previous_secret")
+)
+"""The fields of :class:`DueDelivery` taken from their column as they are."""
 
 
 async def claim_deliveries(
@@ -395,38 +411,106 @@ async def claim_deliveries(
     ids = await _oldest_due(conn, now, limit, per_endpoint, busy_endpoints)
     if not ids:
         return []
-    claimed = (
-        await conn.execute(
-            update(deliveries)
-            .where(_D.id.in_(ids), _DUE, _D.next_attempt_at <= now)
-            .values(
-                lease_owner=owner,
-                lease_expires_at=lease_until,
-                next_attempt_at=lease_until,
-                attempts=_D.attempts + 1,
-            )
-            .returning(_D.id, _D.attempts)
-        )
-    ).all()
+    params = {"ids": ids, "now": now, "owner": owner, "lease_until": lease_until}
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        claimed: Sequence[Any] = await bulk.run_raw(inline, _claim_statement(), params)
+    else:
+        claimed = (await conn.execute(_claim_statement(), params)).all()
     if not claimed:
         return []
-    await _mark_interrupted(conn, [r.id for r in claimed if r.attempts > 1])
+    claimed_ids = [r[0] for r in claimed]
+    await _mark_interrupted(conn, [r[0] for r in claimed if r[1] > 1])
     # Every attempt is logged before it is sent: its line is written with the claim.
     await bulk.insert(
         conn,
         delivery_attempts,
-        [{"delivery_id": r.id, "number": r.attempts, "started_at": now} for r in claimed],
+        [{"delivery_id": r[0], "number": r[1], "started_at": now} for r in claimed],
     )
-    q = (
+    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
+    if inline is not None:
+        found = []
+        for row in await bulk.run_raw(inline, _due_statement(), {"ids": claimed_ids}):
+            values = dict(zip(_DUE_NAMES, row, strict=True))
+            for name in _DUE_TIMES:
+                values[name] = bulk.stored_datetime(values[name])
+            found.append(DueDelivery.from_values(values, box))
+        return found
+    rows = (await conn.execute(_due_statement(), {"ids": claimed_ids})).all()
+    return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
+
+
+# The dispatcher claims many times a second: its statements are built once (per dialect,
+# and per whether endpoints are left out), their values bound as parameters, so a claim
+# pays neither the construction nor SQLAlchemy's cache key of a fresh statement; on SQLite
+# they run straight on ``sqlite3`` (:func:`flowhook.store.bulk.run_raw`), compiled once.
+
+
+@cache
+def _claim_statement() -> Any:
+    """Take ``ids`` still due at ``now`` (the guard: a row two processes chose goes to one)
+    for ``owner`` until ``lease_until``; returns (id, attempts)."""
+    until = bindparam("lease_until", type_=_D.next_attempt_at.type)
+    return (
+        update(deliveries)
+        .where(
+            _D.id.in_(bindparam("ids", expanding=True)),
+            _DUE,
+            _D.next_attempt_at <= bindparam("now", type_=_D.next_attempt_at.type),
+        )
+        .values(
+            lease_owner=bindparam("owner"),
+            lease_expires_at=until,
+            next_attempt_at=until,
+            attempts=_D.attempts + 1,
+        )
+        .returning(_D.id, _D.attempts)
+    )
+
+
+@cache
+def _due_statement() -> Any:
+    """What the attempts of the claimed ``ids`` need (:data:`_DUE_COLUMNS`), oldest first."""
+    return (
         select(*_DUE_COLUMNS)
         .join(events, events.c.id == _D.event_id)
         .outerjoin(webhook_endpoints, _EP.id == _D.endpoint_id)
         .outerjoin(runs, runs.c.run_id == _D.run_id)  # by primary key: its trace context
-        .where(_D.id.in_([r.id for r in claimed]))
+        .where(_D.id.in_(bindparam("ids", expanding=True)))
         .order_by(_D.created_at)
     )
-    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
-    return [DueDelivery.from_row(r, box) for r in (await conn.execute(q)).all()]
+
+
+@cache
+def _oldest_due_statement(sqlite: bool, busy: bool) -> Any:
+    """The ids of up to ``limit`` due deliveries at ``now``, oldest first, at most
+    ``per_endpoint`` of any one endpoint, from a ``window`` of the oldest due (and with
+    ``busy``: none of the endpoints ``busy``)."""
+    now = bindparam("now", type_=_D.due_at.type)
+    window = (
+        select(_D.id, _D.endpoint_id, _D.due_at)
+        .where(_DUE, _D.due_at <= now, _D.next_attempt_at <= now)
+        .order_by(_D.due_at)
+        .limit(bindparam("window", type_=Integer))
+    )
+    if sqlite:
+        window = window.with_hint(deliveries, "INDEXED BY ix_deliveries_due_at", "sqlite")
+    if busy:
+        window = window.where(_D.endpoint_id.not_in(bindparam("busy", expanding=True)))
+    oldest = window.subquery()
+    ranked = select(
+        oldest.c.id,
+        oldest.c.due_at,
+        func.row_number()
+        .over(partition_by=oldest.c.endpoint_id, order_by=oldest.c.due_at)
+        .label("rank"),
+    ).subquery()
+    return (
+        select(ranked.c.id)
+        .where(ranked.c.rank <= bindparam("per_endpoint", type_=Integer))
+        .order_by(ranked.c.due_at)
+        .limit(bindparam("limit", type_=Integer))
+    )
 
 
 async def _oldest_due(
@@ -438,31 +522,18 @@ async def _oldest_due(
 ) -> list[str]:
     """The ids of up to ``limit`` due deliveries, oldest first, at most ``per_endpoint`` of
     any one endpoint and none of ``busy_endpoints`` (see :func:`claim_deliveries`)."""
-    window = (
-        select(_D.id, _D.endpoint_id, _D.due_at)
-        .where(_DUE, _D.due_at <= now, _D.next_attempt_at <= now)
-        .order_by(_D.due_at)
-        .limit(2 * limit)
-    )
-    if conn.dialect.name == "sqlite":
-        window = window.with_hint(deliveries, "INDEXED BY ix_deliveries_due_at", "sqlite")
-    if busy_endpoints:
-        window = window.where(_D.endpoint_id.not_in(list(busy_endpoints)))
-    oldest = window.subquery()
-    ranked = select(
-        oldest.c.id,
-        oldest.c.due_at,
-        func.row_number()
-        .over(partition_by=oldest.c.endpoint_id, order_by=oldest.c.due_at)
-        .label("rank"),
-    ).subquery()
-    due = (
-        select(ranked.c.id)
-        .where(ranked.c.rank <= per_endpoint)
-        .order_by(ranked.c.due_at)
-        .limit(limit)
-    )
-    return list((await conn.execute(due)).scalars())
+    busy = list(busy_endpoints)
+    params: dict[str, Any] = {
+        "now": now, "window": 2 * limit, "per_endpoint": per_endpoint, "limit": limit,
+    }  # fmt: skip
+    if busy:
+        params["busy"] = busy
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        stmt = _oldest_due_statement(True, bool(busy))
+        return [r[0] for r in await bulk.run_raw(inline, stmt, params)]
+    stmt = _oldest_due_statement(conn.dialect.name == "sqlite", bool(busy))
+    return list((await conn.execute(stmt, params)).scalars())
 
 
 async def reserve_send(conn: AsyncConnection, endpoint_id: str, now: datetime) -> datetime:
@@ -716,15 +787,26 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+@cache
+def _next_due_statement(busy: bool) -> Any:
+    q = select(func.min(_D.next_attempt_at)).where(_DUE)
+    if busy:
+        q = q.where(_D.endpoint_id.not_in(bindparam("busy", expanding=True)))
+    return q
+
+
 async def next_due_delivery(
     conn: AsyncConnection, busy_endpoints: Sequence[str] = ()
 ) -> datetime | None:
     """When the next pending delivery falls due, leaving out endpoints that cannot take more
     now (they wake the dispatcher themselves when they can)."""
-    q = select(func.min(_D.next_attempt_at)).where(_DUE)
-    if busy_endpoints:
-        q = q.where(_D.endpoint_id.not_in(list(busy_endpoints)))
-    value = (await conn.execute(q)).scalar_one_or_none()
+    busy = list(busy_endpoints)
+    params = {"busy": busy} if busy else {}
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        [(found,)] = await bulk.run_raw(inline, _next_due_statement(bool(busy)), params)
+        return bulk.stored_datetime(found)
+    value = (await conn.execute(_next_due_statement(bool(busy)), params)).scalar_one_or_none()
     if value is None:
         return None
     assert isinstance(value, datetime)

@@ -1,0 +1,147 @@
+"""The delivery claim's statements are built once and reused with new values (on SQLite run
+straight on ``sqlite3``): whatever shape ran first, each claim still honours its own busy
+endpoints, per-endpoint cap and limit, and the due-time probe its own busy endpoints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import orjson
+
+from flowhook.clock import FakeClock
+from flowhook.service import Services
+from flowhook.store import runs as runs_store
+from flowhook.store import webhooks as store
+from flowhook.store.db import Database
+from flowhook.store.models import Mode
+from tests.integration.test_dispatcher import raise_event, setup
+
+LEASE = timedelta(seconds=30)
+
+
+async def _claim(
+    db: Database, clock: FakeClock, *, limit: int, per_endpoint: int, busy: list[str]
+) -> list[store.DueDelivery]:
+    now = clock.now()
+    async with db.transaction() as conn:
+        return await store.claim_deliveries(
+            conn,
+            owner="d",
+            now=now,
+            lease_until=now + LEASE,
+            limit=limit,
+            per_endpoint=per_endpoint,
+            busy_endpoints=busy,
+        )
+
+
+async def _next_due(db: Database, busy: list[str]) -> object:
+    async with db.read() as conn:
+        return await store.next_due_delivery(conn, busy)
+
+
+async def test_claims_of_every_shape_honour_their_own_caps_and_busy_endpoints(
+    services: Services, db: Database
+) -> None:
+    clock = FakeClock()
+    who, (a, b, c) = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
+    await raise_event(db, who, clock, n=4)  # 4 deliveries to each endpoint, all due now
+    clock.advance(1)
+
+    # Warm the statements with no busy endpoint and a small cap.
+    first = await _claim(db, clock, limit=2, per_endpoint=1, busy=[])
+    assert len(first) == 2 and len({d.endpoint_id for d in first}) == 2
+    assert all(d.attempts == 1 and d.body and d.url for d in first)
+
+    # Two busy endpoints (a list of another length), a larger cap: only c, at most 2.
+    second = await _claim(db, clock, limit=8, per_endpoint=2, busy=[a, b])
+    assert Counter(d.endpoint_id for d in second) == {c: 2}
+
+    # One busy endpoint, cap 1: one each of a and b.
+    third = await _claim(db, clock, limit=8, per_endpoint=1, busy=[c])
+    assert Counter(d.endpoint_id for d in third) == {a: 1, b: 1}
+
+    # And with no busy endpoint again, the limit holds: 12 - 6 left, 5 taken.
+    fourth = await _claim(db, clock, limit=5, per_endpoint=8, busy=[])
+    assert len(fourth) == 5
+    taken = [d.id for d in first + second + third + fourth]
+    assert len(set(taken)) == len(taken) == 11  # never the same delivery twice
+
+    # The due-time probe: one delivery is left (due at t=0), unless its endpoint is busy.
+    left = {a: 4, b: 4, c: 4}
+    for d in first + second + third + fourth:
+        left[d.endpoint_id] -= 1
+    [last] = [ep for ep, n in left.items() if n]
+    others = [ep for ep in (a, b, c) if ep != last]
+    due = clock.now() - timedelta(seconds=1)
+    assert await _next_due(db, []) == due
+    assert await _next_due(db, others) == due
+    assert await _next_due(db, [last]) == clock.now() + LEASE  # the leases' ends
+    assert await _next_due(db, [a, b, c]) is None
+
+
+async def test_a_claim_takes_only_deliveries_still_due(services: Services, db: Database) -> None:
+    """The claim's UPDATE keeps its guard with bound values: a delivery whose lease another
+    claim holds is not taken again before the lease ends, and is once it has."""
+    clock = FakeClock()
+    who, _ = await setup(services, clock, ["http://127.0.0.1:9/"])
+    await raise_event(db, who, clock, n=2)
+    [one] = await _claim(db, clock, limit=1, per_endpoint=8, busy=[])
+    [two] = await _claim(db, clock, limit=8, per_endpoint=8, busy=[])
+    assert one.id != two.id
+    assert await _claim(db, clock, limit=8, per_endpoint=8, busy=[]) == []
+    clock.advance(LEASE.total_seconds() + 1)
+    again = await _claim(db, clock, limit=8, per_endpoint=8, busy=[])
+    assert sorted((d.id, d.attempts) for d in again) == sorted([(one.id, 2), (two.id, 2)])
+
+
+async def test_a_claim_reads_what_each_attempt_needs(services: Services, db: Database) -> None:
+    """What a claim reads back (on SQLite from ``sqlite3`` itself, its text turned into
+    typed values): the signed body, both secrets with the previous one's expiry, the
+    timestamps as aware UTC datetimes; and for a deleted endpoint, no URL."""
+    clock = FakeClock()
+    who, (kept, gone) = await setup(
+        services, clock, ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"]
+    )
+    rotated = await services.webhooks.rotate_secret(who, kept)
+    await raise_event(db, who, clock)
+    await services.webhooks.delete_endpoint(who, gone)
+    claimed = {d.endpoint_id: d for d in await _claim(db, clock, limit=8, per_endpoint=8, busy=[])}
+    mine, orphan = claimed[kept], claimed[gone]
+    assert (mine.url, mine.enabled, mine.secret) == ("http://127.0.0.1:9/a", True, rotated.secret)
+    assert mine.previous_secret and mine.previous_secret != mine.secret
+    assert mine.previous_secret_expires_at == rotated.previous_secret_expires_at
+    assert mine.created_at == clock.now() and mine.created_at.tzinfo is not None
+    assert mine.failing_since is None and mine.attempts == 1
+    body = orjson.loads(mine.body)
+    assert (body["event"], body["run_id"], body["payload"]) == ("flow.completed", "run_0", {"i": 0})
+    assert (orphan.url, orphan.enabled, orphan.secret, orphan.body) == (None, False, "", mine.body)
+
+
+async def test_the_run_queues_due_time_probe(services: Services, db: Database) -> None:
+    """The worker's probe (built once, on SQLite read straight from ``sqlite3``): nothing
+    queued, a queued run's time, then its lease's end once claimed, as aware datetimes."""
+    clock = FakeClock()
+    created = await services.keys.create(Mode.TEST, "ws")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    services.runs._clock = clock  # type: ignore[attr-defined]
+
+    async def due() -> object:
+        async with db.read() as conn:
+            return await runs_store.next_due(conn)
+
+    assert await due() is None
+    flow = await services.flows.create(
+        who, {"name": "t", "steps": [{"id": "a", "type": "transform", "output": {}}]}
+    )
+    started = await services.runs.start(who, flow_id=flow.flow_id, payload={})
+    assert await due() == clock.now()
+    clock.advance(1)
+    now = clock.now()
+    async with db.transaction() as conn:
+        [run] = await runs_store.claim_runs(
+            conn, owner="w", now=now, lease_until=now + LEASE, limit=4
+        )
+    assert run.run_id == started.run.run_id
+    assert await due() == now + LEASE
