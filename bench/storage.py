@@ -225,7 +225,10 @@ def run_backend(backend: str, args: argparse.Namespace) -> float:
                 found = asyncio.run(_postgres_sizes(url, vacuumed, args.runs))
             return _table(backend, runs, *found)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print(f"  kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:
@@ -234,6 +237,9 @@ def main() -> None:
     )
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--runs", type=int, default=10000)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the SQLite file (its path is printed)"
+    )
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get(
