@@ -10,9 +10,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -24,12 +25,27 @@ __all__ = [
     "serve",
     "worker",
     "secret_key_env",
+    "wait_for",
 ]
+
+T = TypeVar("T")
 
 FLOWHOOK = str(Path(sys.executable).with_name("flowhook"))
 
 TEST_SECRET_KEY = "dGVzdC1zZWNyZXQta2V5LW9mLTMyLWJ5dGVzLi4uLi4="
 """FLOWHOOK_SECRET_KEY for the tests on PostgreSQL (SQLite ones use a key file)."""
+
+
+def wait_for(check: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -> T:
+    """``check()``'s first truthy answer, asked every ``interval`` seconds; an
+    ``AssertionError`` when none comes within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
 
 
 def secret_key_for(database_url: str) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import serve
+from tests.support import serve, wait_for
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,16 +23,6 @@ def counts(folder: Path, run_id: str) -> dict[str, int]:
         p.name.removeprefix(f"{run_id}-"): len(p.read_text().splitlines())
         for p in folder.glob(f"{run_id}-*")
     }
-
-
-def wait_for(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.mark.parametrize("crash_during", ["delay", "step"])

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from tests.support import serve
+from tests.support import serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,16 +33,6 @@ class Hook(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
-
-
-def wait_for(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_kill_9_mid_attempt_then_restart_delivers(tmp_path: Path, database_url: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import serve
+from tests.support import serve, wait_for
 
 pytestmark = pytest.mark.e2e
 ITEMS = 200
@@ -53,16 +53,6 @@ def counter() -> Iterator[tuple[str, Counter[str]]]:
     yield f"http://127.0.0.1:{server.server_address[1]}/count", seen
     server.shutdown()
     server.server_close()
-
-
-def wait_for(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_kill_9_during_a_map_and_a_parallel_then_restart(

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from tests.support import serve, worker
+from tests.support import serve, wait_for, worker
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,16 +50,6 @@ class Hook(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
-
-
-def wait_for(check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_one_api_three_workers_kill_9_loses_nothing(tmp_path: Path, pg_url: str) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from tests.support import Server, serve
+from tests.support import Server, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,16 +48,6 @@ def receiver() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def wait_for(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def children(pid: int) -> list[int]:
