@@ -20,6 +20,9 @@ __all__ = ["new_id", "new_secret_id", "is_id", "id_floor", "id_millis", "PREFIXE
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 PREFIXES = frozenset({"wf", "run", "part", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig"})
 
+_PAIRS = tuple(a + b for a in _ALPHABET for b in _ALPHABET)
+"""The two digits of each 10-bit value."""
+
 _lock = threading.Lock()
 _last_ms = 0
 _seq = 0
@@ -51,9 +54,21 @@ def _base32(value: int, length: int = 26) -> str:
     return "".join(reversed(chars))
 
 
+def _base32_128(value: int) -> str:
+    """:func:`_base32` of a 128-bit ``value`` (26 digits), ten bits at a time: a quarter of
+    the time of the loop (ids are made several times per run)."""
+    p, v = _PAIRS, value
+    return (
+        p[v >> 120] + p[(v >> 110) & 1023] + p[(v >> 100) & 1023] + p[(v >> 90) & 1023]
+        + p[(v >> 80) & 1023] + p[(v >> 70) & 1023] + p[(v >> 60) & 1023]
+        + p[(v >> 50) & 1023] + p[(v >> 40) & 1023] + p[(v >> 30) & 1023]
+        + p[(v >> 20) & 1023] + p[(v >> 10) & 1023] + p[v & 1023]
+    )  # fmt: skip
+
+
 def new_id(prefix: str) -> str:
     """A new id such as ``run_01jd7w2k3m4n5p6q7r8s9t0v1x``."""
-    return f"{prefix}_{_base32(_uuid7_int())}"
+    return f"{prefix}_{_base32_128(_uuid7_int())}"
 
 
 def id_floor(prefix: str, ms: int) -> str:

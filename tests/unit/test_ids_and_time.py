@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta, timezone
 
 from flowhook.clock import FakeClock, isoformat
-from flowhook.ids import is_id, new_id
+from flowhook.ids import _base32, _base32_128, is_id, new_id
 
 
 def test_ids_have_their_prefix_and_sort_by_creation() -> None:
@@ -12,6 +13,14 @@ def test_ids_have_their_prefix_and_sort_by_creation() -> None:
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
     assert all(len(i) == len("run_") + 26 for i in ids)
+
+
+def test_the_fast_encoding_is_the_reference_one() -> None:
+    # new_id's 10-bits-at-a-time encoding against the digit-by-digit loop, edges included
+    edges = [0, 1, 31, 32, 1023, 1024, (1 << 128) - 1, 1 << 127, (1 << 80) - 1, 1 << 80]
+    draws = [random.getrandbits(128) for _ in range(20_000)]
+    for value in edges + draws:
+        assert _base32_128(value) == _base32(value)
 
 
 def test_is_id_rejects_other_shapes() -> None:
