@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -45,7 +45,7 @@ from sqlalchemy.types import (
 )
 
 from flowhook.store.sqlite_inline import InlineConnection
-from flowhook.store.types import UTCDateTime
+from flowhook.store.types import UTCDateTime, stored_datetime, to_micros
 
 __all__ = [
     "insert",
@@ -76,13 +76,9 @@ def raw_sqlite(conn: AsyncConnection) -> sqlite3.Connection | None:
     return None if inline is None else inline.raw
 
 
-def _sqlite_datetime(value: datetime | None) -> str | None:
-    # SQLAlchemy's SQLite DATETIME storage: naive UTC, always with microseconds.
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise ValueError("naive datetime given to the store")
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+def _sqlite_datetime(value: datetime | None) -> int | None:
+    # UTCDateTime's SQLite storage: integer microseconds since the Unix epoch.
+    return None if value is None else to_micros(value)
 
 
 def _sqlite_json(value: Any) -> str:
@@ -342,9 +338,10 @@ async def run_raw(inline: InlineConnection, stmt: Any, params: dict[str, Any]) -
     """Execute ``stmt`` (a statement built once, its values all named bind parameters; a
     list for an ``expanding`` one) on the connection of :func:`inline_sqlite` (another
     process's lock waited for as every statement's is: a read outside a write transaction
-    may meet one) and return its rows as tuples of stored values (a datetime as SQLite's text). Parameters are
-    converted as SQLAlchemy's SQLite dialect stores them (datetimes naive UTC text, booleans
-    1/0); the columns read are not converted."""
+    may meet one) and return its rows as tuples of stored values (a datetime as SQLite holds
+    it: integer microseconds, see :func:`stored_datetime`). Parameters are converted as the
+    store's types bind them on SQLite (datetimes integer microseconds since the epoch,
+    booleans 1/0); the columns read are not converted."""
     sizes = tuple(
         (name, len(value)) for name, value in params.items() if isinstance(value, list | tuple)
     )
@@ -361,8 +358,3 @@ async def run_raw(inline: InlineConnection, stmt: Any, params: dict[str, Any]) -
         return cursor.fetchall()
     except sqlite3.Error as exc:
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
-
-
-def stored_datetime(value: str | None) -> datetime | None:
-    """A datetime as :func:`run_raw` reads it (SQLite's text, naive UTC), made aware."""
-    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flowhook.store.types import to_micros
 from tests.support import Server, free_port, serve
 
 pytestmark = pytest.mark.e2e
@@ -100,8 +101,8 @@ def _history(path: Path, flows: list[str], now: datetime) -> tuple[int, int]:
             took = 40 + (i * 37) % 400 if status == "completed" else 5
             finished = queued + timedelta(milliseconds=took)
             flow = flows[0] if i % 3 else flows[1]
-            rows.append((f"run_seed{h:02d}{i:02d}", flow, status, _text(queued),
-                         _text(finished), took))  # fmt: skip
+            rows.append((f"run_seed{h:02d}{i:02d}", flow, status, _stored(queued),
+                         _stored(finished), took))  # fmt: skip
             hour += now - queued < timedelta(minutes=57)
     with sqlite3.connect(path, timeout=10) as db:
         db.executemany(
@@ -114,8 +115,9 @@ def _history(path: Path, flows: list[str], now: datetime) -> tuple[int, int]:
     return hour, len(rows)
 
 
-def _text(when: datetime) -> str:
-    return when.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+def _stored(when: datetime) -> int:
+    """``when`` as the store keeps it on SQLite: integer microseconds since the epoch."""
+    return to_micros(when)
 
 
 def _settle(api: httpx.Client, run_ids: list[str]) -> dict[str, str]:
@@ -252,7 +254,7 @@ def _count(path: Path, where: str, *params: object) -> int:
 
 
 def _failed_last_hour(path: Path, now: datetime) -> int:
-    since = _text(now.replace(second=0, microsecond=0) - timedelta(minutes=59))
+    since = _stored(now.replace(second=0, microsecond=0) - timedelta(minutes=59))
     return _count(path, "run_id LIKE 'run_seed%' AND status = 'failed' AND queued_at >= ?", since)
 
 

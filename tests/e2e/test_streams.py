@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from flowhook.store.models import envelope
+from flowhook.store.types import from_micros
 from tests.support import FLOWHOOK, Server, secret_key_env, serve, worker
 
 pytestmark = pytest.mark.e2e
@@ -74,7 +75,7 @@ def stored(database_url: str, run_id: str | None = None) -> list[tuple[str, str,
         try:
             sql = where.replace("$1::text", "?").replace("$1", "?")
             rows = conn.execute(f"SELECT * FROM events {sql} ORDER BY id", (run_id,))
-            return [_body_of(r, datetime.fromisoformat(r["created_at"])) for r in rows]
+            return [_body_of(r, from_micros(r["created_at"])) for r in rows]
         finally:
             conn.close()
 

@@ -29,6 +29,7 @@ from flowhook.store.tables import (
     signals,
     waits,
 )
+from flowhook.store.types import to_micros
 
 STORE = Path(bulk.__file__).parent
 
@@ -207,6 +208,18 @@ def _dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         }
 
 
+def _timestamp_types(path: Path) -> set[str]:
+    """SQLite's types of every timestamp the written tables hold (Python's ``==`` would not
+    tell an integer from a float)."""
+    found = set()
+    with sqlite3.connect(path) as raw:
+        for t in WRITTEN:
+            for row in raw.execute(f"PRAGMA table_info({t})").fetchall():
+                if row[2] == "DATETIME":
+                    found |= {k for (k,) in raw.execute(f"SELECT typeof({row[1]}) FROM {t}")}
+    return found
+
+
 async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
     tmp_path: Path, sqlite_template: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -223,6 +236,14 @@ async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
         await db.dispose()
     stored = _dump(fast)
     assert stored == _dump(slow)
+    # Timestamps as integer microseconds since the epoch (migration 0021), on both paths.
+    assert _timestamp_types(fast) == _timestamp_types(slow) == {"integer", "null"}
+    with sqlite3.connect(fast) as raw:
+        [(queued, available)] = raw.execute(
+            "SELECT queued_at, available_at FROM runs WHERE run_id = 'run_0'"
+        ).fetchall()
+    assert queued == to_micros(NOW) == 1795342530123456  # 2026-11-22 10:15:30.123456 UTC
+    assert available == queued - 123456  # given at UTC-5: the same instant
     assert [r[4] for r in stored["run_steps"]] == ["completed"] * 3  # the upsert replaced them
     assert [r[6] for r in stored["runs"]] == ["completed"] * 3  # the updates reached each run
     assert [r[7] for r in stored["deliveries"]] == ["pending", "delivered", "delivered"]

@@ -1,6 +1,7 @@
 """What a run stores (issue 20), on SQLite and PostgreSQL: an event's body is rebuilt from its
 row byte for byte, and migration 0020 converts a database written by the version before it
-so that the API reads back the same, and a replay sends (and signs) the same bytes."""
+so that the API reads back the same, and a replay sends (and signs) the same bytes; migration
+0021 makes SQLite's timestamps integer microseconds, every one read back the same."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,6 +21,7 @@ import httpx
 import orjson
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from standardwebhooks.webhooks import Webhook
 
 from flowhook.api.app import create_app
@@ -29,10 +32,10 @@ from flowhook.ids import new_id
 from flowhook.service import Services
 from flowhook.store import events as events_store
 from flowhook.store.db import Database
-from flowhook.store.migrate import migrate
+from flowhook.store.migrate import alembic_config, migrate
 from flowhook.store.models import Mode, envelope
-from flowhook.store.tables import events, run_steps, runs
-from flowhook.store.types import UTCDateTime
+from flowhook.store.tables import events, metadata, run_steps, runs
+from flowhook.store.types import UTCDateTime, from_micros
 from flowhook.store.wakeup import Wakeup
 from tests.conftest import PG_URL, Receiver
 from tests.support import secret_key_for
@@ -141,6 +144,52 @@ def _settings(url: str) -> Settings:
     )
 
 
+def _timestamp_columns(raw: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(table, column) of every ``DATETIME`` column of a SQLite database."""
+    tables = raw.execute(
+        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()
+    return [
+        (table, row[1])
+        for (table,) in tables
+        for row in raw.execute(f'PRAGMA table_info("{table}")')
+        if row[2] == "DATETIME"
+    ]
+
+
+def timestamps_as_text(path: str) -> None:
+    """Every timestamp of a SQLite database (this code writes integer microseconds) made
+    the text that versions before 0021 stored (SQLAlchemy's, naive UTC)."""
+    raw = sqlite3.connect(path)
+    try:
+        for table, column in _timestamp_columns(raw):
+            for (value,) in raw.execute(
+                f'SELECT DISTINCT "{column}" FROM "{table}" WHERE typeof("{column}") = \'integer\''
+            ).fetchall():
+                text = from_micros(value).replace(tzinfo=None).isoformat(" ", "microseconds")
+                raw.execute(
+                    f'UPDATE "{table}" SET "{column}" = ? WHERE "{column}" = ?', (text, value)
+                )
+        raw.commit()
+    finally:
+        raw.close()
+
+
+def _stored_types(path: str) -> dict[str, int]:
+    """How many timestamps of a SQLite database are stored as each of SQLite's types."""
+    raw = sqlite3.connect(path)
+    try:
+        found: dict[str, int] = {}
+        for table, column in _timestamp_columns(raw):
+            for kind, n in raw.execute(
+                f'SELECT typeof("{column}"), count(*) FROM "{table}" GROUP BY 1'
+            ).fetchall():
+                found[kind] = found.get(kind, 0) + n
+        return found
+    finally:
+        raw.close()
+
+
 async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
     """A workspace with a completed run's events as the version before 0020 stored them (one
     of them with a body the envelope would not rebuild: kept as it is), a delivery of each
@@ -247,6 +296,8 @@ async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
                     },
                 )  # fmt: skip
     await db.dispose()
+    if url.startswith("sqlite"):
+        timestamps_as_text(url.removeprefix("sqlite:///"))
     return {
         "key": created.key, "secret": ep.secret, "run_id": run_id, "bodies": bodies,
         "deliveries": deliveries, "odd": odd_id,
@@ -306,8 +357,6 @@ async def test_0020_converts_events_and_the_api_reads_back_the_same(
     finally:
         await db.dispose()
     if empty_url.startswith("sqlite"):  # the three keyed tables without rowids now
-        import sqlite3
-
         raw = sqlite3.connect(empty_url.removeprefix("sqlite:///"))
         try:
             schema = dict(raw.execute("SELECT name, sql FROM sqlite_schema WHERE type = 'table'"))
@@ -316,6 +365,8 @@ async def test_0020_converts_events_and_the_api_reads_back_the_same(
         for table in ("events", "run_steps", "delivery_attempts"):
             assert schema[table].rstrip().endswith("WITHOUT ROWID"), table
         assert "WITHOUT ROWID" not in schema["runs"]
+        kinds = _stored_types(empty_url.removeprefix("sqlite:///"))  # 0021: no text left
+        assert set(kinds) <= {"integer", "null"} and kinds["integer"] > 20, kinds
     for event_id, body in old["bodies"].items():
         row = stored[event_id]
         if event_id == old["odd"]:
@@ -325,3 +376,143 @@ async def test_0020_converts_events_and_the_api_reads_back_the_same(
             assert bytes(row.payload) == orjson.dumps(orjson.loads(body)["payload"])
             rebuilt = envelope(row.type, row.flow_id, row.run_id, row.created_at, row.payload)
             assert rebuilt == body
+
+
+# -- migration 0021: SQLite's timestamps from text to integer microseconds --------------------
+
+
+def _due_at_defaults(path: str) -> list[str]:
+    """``runs.due_at``'s and ``deliveries.due_at``'s defaults in SQLite's schema (0008 added
+    the columns with one); the database checked whole first."""
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        return [
+            next(row[4] for row in raw.execute(f"PRAGMA table_info({t})") if row[1] == "due_at")
+            for t in ("runs", "deliveries")
+        ]
+    finally:
+        raw.close()
+
+
+async def _downgrade(db: Database, revision: str) -> None:
+    def go(sync_conn: Any) -> None:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = sync_conn
+        command.downgrade(cfg, revision)
+
+    async with db.writer.begin() as conn:
+        await conn.run_sync(go)
+
+
+async def _everything(db: Database) -> dict[str, list[dict[str, Any]]]:
+    """Every row of every table, by primary key, as the store reads it."""
+    found = {}
+    async with db.read() as conn:
+        for table in metadata.sorted_tables:
+            q = sa.select(table).order_by(*(table.primary_key.columns or table.c))
+            found[table.name] = [dict(r._mapping) for r in (await conn.execute(q)).all()]
+    return found
+
+
+ODD = {
+    "2026-01-01": datetime(2026, 1, 1, tzinfo=UTC),  # a date alone
+    "2026-11-20 10:15:30": datetime(2026, 11, 20, 10, 15, 30, tzinfo=UTC),  # no fraction
+    "2026-11-20T11:15:30.5+01:00": datetime(2026, 11, 20, 10, 15, 30, 500000, tzinfo=UTC),
+}
+"""Text a hand-made row (or 0008's default) may hold, not in SQLAlchemy's form, and what it is."""
+
+
+async def test_0021_reads_back_every_timestamp_the_same(empty_url: str, receiver: Receiver) -> None:
+    """A database with a delivered run (and a held far-future time, and times before 1970
+    and within a microsecond of a second's end), taken back to 0020's text on SQLite and
+    migrated again: every row of every table reads back the same, no text is left, and the
+    integers sort as the times do. On PostgreSQL, 0021 changes nothing."""
+    settings = _settings(empty_url)
+    db = Database(empty_url, secret_key=settings.secret_key)
+    await migrate(db)
+    services = Services(db, SystemClock(), settings, Wakeup())
+    created = await services.keys.create(Mode.TEST, "acme")
+    who = await services.keys.authenticate(f"Bearer {created.key}")
+    await services.webhooks.create_endpoint(who, url=receiver.url, events=["flow.completed"])
+    flow = await services.flows.create(
+        who, {"name": "f", "steps": [{"id": "a", "type": "transform", "output": {"x": 1}}]}
+    )
+    await db.dispose()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://flowhook.test",
+            headers={"Authorization": f"Bearer {created.key}"},
+        ) as client:
+            r = await client.post(
+                "/api/v1/flows/execute", json={"flow_id": flow.flow_id, "payload": {"n": 1}}
+            )
+            assert r.status_code == 202, r.text
+            async with asyncio.timeout(10):
+                while not receiver.requests:
+                    await asyncio.sleep(0.02)
+                while True:  # the delivery's outcome is written after the answer
+                    listed = (await client.get("/api/v1/webhooks/deliveries")).json()["data"]
+                    if listed and all(d["status"] == "succeeded" for d in listed):
+                        break
+                    await asyncio.sleep(0.02)
+    db = Database(empty_url, secret_key=settings.secret_key)
+    edges = {  # run_id: (queued_at, finished_at)
+        "run_held": (datetime(9999, 1, 1, tzinfo=UTC), None),
+        "run_1969": (datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=UTC), None),
+        "run_edge": (NOW.replace(microsecond=999999), NOW.replace(microsecond=999500)),
+    }
+    try:
+        async with db.transaction() as conn:
+            for run_id, (queued, finished) in edges.items():
+                await conn.execute(
+                    runs.insert().values(
+                        run_id=run_id, workspace_id=who.workspace_id, mode="test",
+                        flow_id=flow.flow_id, flow_version=1, trigger="api", status="queued",
+                        payload={}, queued_at=queued, available_at=queued, due_at=queued,
+                        finished_at=finished,
+                    )
+                )  # fmt: skip
+        before = await _everything(db)
+        assert len(before["runs"]) == 4 and before["deliveries"] and before["delivery_attempts"]
+        assert len(before["events"]) >= 3 and before["run_steps"]
+        if not empty_url.startswith("sqlite"):
+            await _downgrade(db, "0020")
+            assert await _everything(db) == before
+            await migrate(db)
+            assert await _everything(db) == before
+            return
+        path = empty_url.removeprefix("sqlite:///")
+        assert set(_stored_types(path)) == {"integer", "null"}
+        await _downgrade(db, "0020")
+        await db.dispose()
+        assert set(_stored_types(path)) == {"text", "null"}
+        assert _due_at_defaults(path) == ["'1970-01-01 00:00:00'"] * 2  # 0008's, as it was
+        raw = sqlite3.connect(path)
+        try:  # the text SQLAlchemy wrote, and odd text it did not write
+            assert raw.execute(
+                "SELECT queued_at FROM runs WHERE run_id = 'run_edge'"
+            ).fetchall() == [("2026-11-20 10:15:30.999999",)]
+            for (text, at), run_id in zip(ODD.items(), edges, strict=True):
+                raw.execute("UPDATE runs SET started_at = ? WHERE run_id = ?", (text, run_id))
+                for r in before["runs"]:
+                    if r["run_id"] == run_id:
+                        r["started_at"] = at
+            raw.commit()
+        finally:
+            raw.close()
+        db = Database(empty_url, secret_key=settings.secret_key)
+        await migrate(db)
+        assert await _everything(db) == before
+        kinds = _stored_types(path)
+        assert set(kinds) == {"integer", "null"} and kinds["integer"] > 25, kinds
+        assert _due_at_defaults(path) == ["0"] * 2  # the same instant, as an integer
+        async with db.read() as conn:  # integers sort as the times
+            order = (await conn.execute(sa.select(runs.c.run_id).order_by(runs.c.queued_at))).all()
+        by_time = sorted(before["runs"], key=lambda r: r["queued_at"])
+        assert [r.run_id for r in order] == [r["run_id"] for r in by_time]
+    finally:
+        await db.dispose()

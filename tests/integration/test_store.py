@@ -286,5 +286,5 @@ async def test_migration_0008_gives_claimable_rows_their_due_time(tmp_path: Any)
     raw = sqlite3.connect(path)
     due = dict(raw.execute("SELECT run_id, due_at FROM runs").fetchall())
     raw.close()
-    assert due["run_a"] == "2026-01-02 00:00:00.000000"
-    assert due["run_b"].startswith("1970-01-01")
+    # Integer microseconds since the epoch from 0021 on (2026-01-02, and 1970-01-01 itself).
+    assert due == {"run_a": 1767312000000000, "run_b": 0}

@@ -1,5 +1,5 @@
 """``bulk.run_raw``: a statement built once, run straight on ``sqlite3`` with its values
-converted as SQLAlchemy's SQLite dialect stores them, lists expanded per length."""
+converted as the store's types bind them on SQLite, lists expanded per length."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from flowhook.store import bulk
 from flowhook.store.sqlite_inline import InlineConnection
-from flowhook.store.types import UTCDateTime
+from flowhook.store.types import UTCDateTime, to_micros
 
 metadata = MetaData()
 things = Table(
@@ -31,7 +31,7 @@ def inline() -> InlineConnection:
     conn = InlineConnection(sqlite3.connect(":memory:", isolation_level=None), 1.0)
     conn.raw.execute('CREATE TABLE things (id TEXT PRIMARY KEY, at DATETIME, "on" BOOLEAN, n INT)')
     for i in range(5):  # stored as SQLAlchemy stores them (compared in test_bulk_insert.py)
-        at = (T0 + timedelta(seconds=i)).replace(tzinfo=None).isoformat(" ", "microseconds")
+        at = to_micros(T0 + timedelta(seconds=i))  # integer microseconds since the epoch
         conn.raw.execute("INSERT INTO things VALUES (?, ?, ?, ?)", (f"t{i}", at, i % 2, i))
     return conn
 
@@ -56,12 +56,14 @@ async def test_values_are_bound_as_stored_and_lists_expand_per_length(
     rows = await bulk.run_raw(
         inline, STMT, {"skip": ["t0"], "since": since, "on": True, "limit": 9}
     )
-    assert rows == [("t1", "2026-01-01 12:00:01.000005"), ("t3", "2026-01-01 12:00:03.000005")]
+    t1, t3 = 1767268801000005, 1767268803000005  # 2026-01-01 12:00:01.000005, :03.000005
+    assert rows == [("t1", t1), ("t3", t3)]
     assert bulk.stored_datetime(rows[0][1]) == T0 + timedelta(seconds=1)
+    assert bulk.stored_datetime(rows[1][1]) == T0 + timedelta(seconds=3)
     fewer = {"skip": ["t0", "t1"], "since": since, "on": True, "limit": 9}
-    assert await bulk.run_raw(inline, STMT, fewer) == [("t3", "2026-01-01 12:00:03.000005")]
+    assert await bulk.run_raw(inline, STMT, fewer) == [("t3", t3)]
     off = {"skip": ["x"], "since": T0, "on": False, "limit": 1}
-    assert await bulk.run_raw(inline, STMT, off) == [("t0", "2026-01-01 12:00:00.000005")]
+    assert await bulk.run_raw(inline, STMT, off) == [("t0", 1767268800000005)]
 
 
 async def test_errors_come_as_sqlalchemy_raises_them(inline: InlineConnection) -> None:
