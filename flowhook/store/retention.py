@@ -2,7 +2,8 @@
 
 Each read here is a range of an index, so a batch costs the same with a million runs in the
 table as with a hundred: finished runs by ``finished_at`` (``ix_runs_finished``), a run's
-rows by ``run_id`` (deliveries: ``ix_deliveries_run_id``), events by their time-ordered
+rows by ``run_id`` (deliveries through their events: ``ix_events_run_id``, then
+``ix_deliveries_event_id``), events by their time-ordered
 primary key from where the previous pass stopped (``retention_marks``)."""
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     )
     if not ids:
         return 0
-    doomed = select(deliveries.c.id).where(deliveries.c.run_id.in_(ids))
+    # A delivery's run is its event's: the runs' deliveries are those of their events.
+    theirs = deliveries.c.event_id.in_(select(events.c.id).where(events.c.run_id.in_(ids)))
+    doomed = select(deliveries.c.id).where(theirs)
     await conn.execute(delete(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(doomed)))
-    await conn.execute(delete(deliveries).where(deliveries.c.run_id.in_(ids)))
+    await conn.execute(delete(deliveries).where(theirs))
     await conn.execute(delete(events).where(events.c.run_id.in_(ids)))
     await conn.execute(delete(run_steps).where(run_steps.c.run_id.in_(ids)))
     await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))

@@ -190,7 +190,17 @@ runs = Table(
     # The W3C trace context the run's span lives under (flowhook/tracing.py); NULL: a trace
     # of its own, derived from run_id.
     Column("traceparent", String(55)),
-    UniqueConstraint("workspace_id", "mode", "idempotency_key"),
+    # Unique among the runs that have a key (few do): partial, so a run without one is in no
+    # index entry (SQLite's unique constraint stored one for each; migration 0022).
+    Index(
+        "uq_runs_workspace_id_mode_idempotency_key",
+        "workspace_id",
+        "mode",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+        sqlite_where=text("idempotency_key IS NOT NULL"),
+    ),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
     _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
     Index(
@@ -356,9 +366,10 @@ deliveries = Table(
     _partial_index("ix_deliveries_due_at", "due_at", "status = 'pending'"),
     Index(None, "workspace_id", "mode", "id"),
     Index(None, "endpoint_id", "status", "created_at"),
+    # A delivery's run is its event's (Delivery.queued, replays copy it): a run's deliveries
+    # are found through its events (ix_events_run_id, then this), not by an index on run_id
+    # (migration 0022).
     Index(None, "event_id"),
-    # pruning deletes a run's deliveries by run_id (without it: a scan of the table per batch)
-    Index(None, "run_id"),
 )
 _partial(  # the overview page's pending deliveries, oldest first
     "ix_deliveries_pending", "status = 'pending'",

@@ -697,6 +697,8 @@ async def list_deliveries(
         deliveries, _D.id, workspace_id, mode, limit=limit, after=after,
         status=status, endpoint_id=endpoint_id, event_type=event_type, run_id=run_id,
     )  # fmt: skip
+    if run_id is not None:  # a delivery's run is its event's: found through the run's events
+        q = q.where(_D.event_id.in_(select(events.c.id).where(events.c.run_id == run_id)))
     return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
 
 
