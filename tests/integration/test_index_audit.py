@@ -77,17 +77,30 @@ async def _write_at_0020(url: str, receiver_url: str) -> dict[str, Any]:
             sa.update(runs)
             .where(runs.c.run_id.in_(run_ids))
             .values(
-                status="completed", steps_executed=1, next_step=1, output={"x": 1},
-                started_at=NOW, finished_at=NOW, duration_ms=3,
+                status="completed",
+                steps_executed=1,
+                next_step=1,
+                output={"x": 1},
+                started_at=NOW,
+                finished_at=NOW,
+                duration_ms=3,
             )
-        )  # fmt: skip
+        )
         await conn.execute(
             run_steps.insert().values(
-                run_id=plain[0], idx=0, step_id="a", type="transform", status="completed",
-                attempts=1, started_at=NOW, finished_at=NOW, duration_ms=3, output={"x": 1},
+                run_id=plain[0],
+                idx=0,
+                step_id="a",
+                type="transform",
+                status="completed",
+                attempts=1,
+                started_at=NOW,
+                finished_at=NOW,
+                duration_ms=3,
+                output={"x": 1},
                 reused=False,
             )
-        )  # fmt: skip
+        )
         made = [
             make_event(
                 "flow.completed",
@@ -97,7 +110,7 @@ async def _write_at_0020(url: str, receiver_url: str) -> dict[str, Any]:
                 run_id=run_id,
                 payload={"x": i},
                 now=NOW,
-            )  # fmt: skip
+            )
             for i, run_id in enumerate(run_ids)
         ]
         assert await events_store.insert_events(conn, made) == 3
@@ -112,7 +125,7 @@ async def _write_at_0020(url: str, receiver_url: str) -> dict[str, Any]:
                     )
                 ).data
             ],
-        )  # fmt: skip
+        )
         for run_id in run_ids
     }
     await db.dispose()
