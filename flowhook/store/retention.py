@@ -71,11 +71,15 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     )
     if not ids:
         return 0
-    # A delivery's run is its event's: the runs' deliveries are those of their events.
+    # A delivery's run is its event's: the runs' deliveries are those of their events, read
+    # once, then deleted by primary key.
     theirs = deliveries.c.event_id.in_(select(events.c.id).where(events.c.run_id.in_(ids)))
-    doomed = select(deliveries.c.id).where(theirs)
-    await conn.execute(delete(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(doomed)))
-    await conn.execute(delete(deliveries).where(theirs))
+    doomed = list((await conn.execute(select(deliveries.c.id).where(theirs))).scalars())
+    if doomed:
+        await conn.execute(
+            delete(delivery_attempts).where(delivery_attempts.c.delivery_id.in_(doomed))
+        )
+        await conn.execute(delete(deliveries).where(deliveries.c.id.in_(doomed)))
     await conn.execute(delete(events).where(events.c.run_id.in_(ids)))
     await conn.execute(delete(run_steps).where(run_steps.c.run_id.in_(ids)))
     await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))
