@@ -1,7 +1,7 @@
 """what a run costs on disk: the idempotency key's unique index partial; no index of deliveries by run
 
 Revision ID: 0022
-Revises: 0020
+Revises: 0021
 
 Two indexes every run paid for and no read needs as they were (issue 20):
 
@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0022"
-down_revision = "0020"  # the lead rechains it after 0021
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
