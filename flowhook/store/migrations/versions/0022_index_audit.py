@@ -22,8 +22,8 @@ from the event, a replay copies it), so a run's deliveries are those of its even
 through ``ix_events_run_id`` and ``ix_deliveries_event_id`` (pruning, and the deliveries
 listed with ``run_id``).
 
-Measured with 100,000 runs (2-core machine): on SQLite the rebuild of ``runs`` took 2.2 s,
-about 22 s per million runs (the copy is a temporary table, outside the file; the old
+Measured with 100,000 runs (2-core machine): on SQLite the rebuild of ``runs`` took 1.7 s,
+about 20 s per million runs (the copy is a temporary table, outside the file; the old
 table's pages become free pages of the file, reused or given back by ``flowhook vacuum``).
 On PostgreSQL, creating the partial index took 0.1 s.
 """
