@@ -10,16 +10,11 @@ import hashlib
 import hmac
 import json
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import orjson
-import pytest
 import sqlalchemy as sa
 from alembic import command
 from standardwebhooks.webhooks import Webhook
@@ -37,7 +32,7 @@ from flowhook.store.models import Mode, envelope
 from flowhook.store.tables import events, metadata, run_steps, runs
 from flowhook.store.types import UTCDateTime, from_micros
 from flowhook.store.wakeup import Wakeup
-from tests.conftest import PG_URL, Receiver
+from tests.conftest import Receiver
 from tests.support import secret_key_for
 
 NOW = datetime(2026, 11, 20, 10, 15, 30, 123456, tzinfo=UTC)
@@ -95,32 +90,6 @@ async def test_events_read_back_with_the_bytes_written(db: Database) -> None:
 
 
 # -- migration 0020 on a database written by the version before it --------------------------
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new database with no schema, on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    request.getfixturevalue("pg_url")  # skips (or fails in CI) without PostgreSQL
-    assert PG_URL
-    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
-    _admin(f'CREATE DATABASE "{name}"')
-    yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _admin(sql: str) -> None:
-    async def go() -> None:
-        assert PG_URL
-        conn = await asyncpg.connect(PG_URL.replace("postgresql+asyncpg://", "postgresql://"))
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(go())
 
 
 OLD_EVENTS = sa.table(

@@ -6,11 +6,8 @@ now that ``ix_deliveries_run_id`` is gone, and the API reads back what it read b
 from __future__ import annotations
 
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -31,25 +28,11 @@ from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
 from flowhook.store.tables import run_steps, runs
 from flowhook.store.wakeup import Wakeup
-from tests.conftest import PG_URL, Receiver
-from tests.integration.test_compact_storage import _admin, _settings
+from tests.conftest import Receiver
+from tests.integration.test_compact_storage import _settings
 
 NOW = datetime(2026, 11, 25, 10, 0, 0, tzinfo=UTC)
 UQ = "uq_runs_workspace_id_mode_idempotency_key"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new database with no schema, on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    request.getfixturevalue("pg_url")  # skips (or fails in CI) without PostgreSQL
-    assert PG_URL
-    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
-    _admin(f'CREATE DATABASE "{name}"')
-    yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _write_at_0020(url: str, receiver_url: str) -> dict[str, Any]:
