@@ -15,10 +15,22 @@ import re
 import threading
 import time
 
-__all__ = ["new_id", "new_secret_id", "is_id", "id_floor", "id_millis", "PREFIXES"]
+__all__ = [
+    "new_id",
+    "new_secret_id",
+    "is_id",
+    "id_floor",
+    "id_millis",
+    "pack_id",
+    "unpack_id",
+    "PREFIXES",
+    "PACK_CODES",
+]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-PREFIXES = frozenset({"wf", "run", "part", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig"})
+PREFIXES = frozenset(
+    {"wf", "run", "part", "evt", "ep", "dlv", "hk", "key", "ws", "att", "sig", "sch"}
+)
 
 _PAIRS = tuple(a + b for a in _ALPHABET for b in _ALPHABET)
 """The two digits of each 10-bit value."""
@@ -100,3 +112,43 @@ def is_id(value: str, prefix: str) -> bool:
     function's)."""
     m = _ID_RE.fullmatch(value)
     return m is not None and m.group(1) == prefix
+
+
+# -- Stored form ---------------------------------------------------------------------------
+
+PACK_CODES: dict[str, int] = {
+    p: code for code, p in enumerate(sorted(PREFIXES), start=1)
+}  # fmt: skip
+"""Each prefix's first byte in :func:`pack_id`'s form: 1… in alphabetical order of the
+prefixes (``att`` 1 … ``ws`` 12), so packed ids of different prefixes sort as their text
+does. Stored in every database: a code is never changed or reused; a new prefix takes the
+next free code (and sorts after the others)."""
+_PREFIX_OF = {code: p for p, code in PACK_CODES.items()}
+_TAIL = re.compile(r"[0-7][0-9a-hjkmnp-tv-z]{25}|[0-9a-hjkmnp-tv-z]{36}")
+_TO_PY32 = str.maketrans(_ALPHABET, "0123456789abcdefghijklmnopqrstuv")
+
+
+def pack_id(value: str) -> bytes:
+    """``value`` as the store keeps it: an id of :func:`new_id` in 17 bytes (its prefix's
+    code of :data:`PACK_CODES`, then the UUIDv7's 16), one of :func:`new_secret_id` in 24
+    (the code, then the 180 bits of its 36 digits), 13 to 19 fewer than its text. Any other
+    string (a malformed id from a request, an unknown prefix) is byte 0 then its UTF-8, so
+    it round-trips, equals only itself, and matches no id. Packed ids of one prefix sort as
+    their text does (big-endian numbers of the same base-32 digits)."""
+    prefix, _, tail = value.partition("_")
+    code = PACK_CODES.get(prefix)
+    if code is not None and _TAIL.fullmatch(tail) is not None:
+        number = int(tail.translate(_TO_PY32), 32)
+        return code.to_bytes() + number.to_bytes(16 if len(tail) == 26 else 23)
+    return b"\x00" + value.encode()
+
+
+def unpack_id(stored: bytes) -> str:
+    """The id :func:`pack_id` stored as ``stored``."""
+    code = stored[0]
+    if code == 0:
+        return stored[1:].decode()
+    number = int.from_bytes(stored[1:])
+    if len(stored) == 17:
+        return f"{_PREFIX_OF[code]}_{_base32_128(number)}"
+    return f"{_PREFIX_OF[code]}_{_base32(number, 36)}"

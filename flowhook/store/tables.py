@@ -23,7 +23,7 @@ from sqlalchemy import (
     text,
 )
 
-from flowhook.store.types import JSONType, UTCDateTime
+from flowhook.store.types import IdType, JSONType, UTCDateTime
 
 __all__ = [
     "metadata",
@@ -59,13 +59,13 @@ metadata = MetaData(
 
 
 def _id(name: str = "id") -> Column[str]:
-    """A String(40) primary key (a row's id such as ``wf_…``, or part of a composite key)."""
-    return Column(name, String(40), primary_key=True)
+    """An id primary key (a row's id such as ``wf_…``, or part of a composite key)."""
+    return Column(name, IdType(), primary_key=True)
 
 
 def _ref(name: str, *, required: bool = True) -> Column[str]:
-    """The id of another row (String(40), no foreign key), NOT NULL unless ``required=False``."""
-    return Column(name, String(40), nullable=not required)
+    """The id of another row (no foreign key), NOT NULL unless ``required=False``."""
+    return Column(name, IdType(), nullable=not required)
 
 
 def _scope() -> tuple[Column[str], Column[str]]:
@@ -106,7 +106,7 @@ api_keys = Table(
     "api_keys",
     metadata,
     _id(),
-    Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
+    Column("workspace_id", IdType(), ForeignKey("workspaces.id"), nullable=False),
     Column("mode", String(8), nullable=False),
     Column("prefix", String(24), nullable=False),
     Column("key_hash", String(64), nullable=False, unique=True),
@@ -118,7 +118,7 @@ flows = Table(
     "flows",
     metadata,
     _id("flow_id"),
-    Column("workspace_id", String(40), ForeignKey("workspaces.id"), nullable=False),
+    Column("workspace_id", IdType(), ForeignKey("workspaces.id"), nullable=False),
     Column("mode", String(8), nullable=False),
     Column("name", String(200), nullable=False),
     Column("version", Integer, nullable=False),
@@ -131,7 +131,7 @@ flows = Table(
 flow_versions = Table(
     "flow_versions",
     metadata,
-    Column("flow_id", String(40), ForeignKey("flows.flow_id"), primary_key=True),
+    Column("flow_id", IdType(), ForeignKey("flows.flow_id"), primary_key=True),
     Column("version", Integer, primary_key=True),
     Column("definition", JSONType, nullable=False),
     _at("created_at"),
@@ -260,7 +260,7 @@ _partial("ix_runs_finished", "finished_at IS NOT NULL", runs.c.finished_at)
 run_steps = Table(
     "run_steps",
     metadata,
-    Column("run_id", String(40), ForeignKey("runs.run_id"), primary_key=True),
+    Column("run_id", IdType(), ForeignKey("runs.run_id"), primary_key=True),
     Column("idx", Integer, primary_key=True),
     Column("step_id", String(64), nullable=False),
     Column("type", String(16), nullable=False),
@@ -333,11 +333,11 @@ endpoint_events = Table(
     metadata,
     Column(
         "endpoint_id",
-        String(40),
+        IdType(),
         ForeignKey("webhook_endpoints.id", ondelete="CASCADE"),
         primary_key=True,
     ),
-    _id("event"),
+    Column("event", String(40), primary_key=True),  # an event type, such as flow.completed
 )
 
 deliveries = Table(
@@ -380,7 +380,7 @@ delivery_attempts = Table(
     "delivery_attempts",
     metadata,
     Column(
-        "delivery_id", String(40), ForeignKey("deliveries.id", ondelete="CASCADE"), primary_key=True
+        "delivery_id", IdType(), ForeignKey("deliveries.id", ondelete="CASCADE"), primary_key=True
     ),
     Column("number", Integer, primary_key=True),
     _at("started_at"),
@@ -474,7 +474,7 @@ waits = Table(
     "waits",
     metadata,
     # One row per ``wait`` step a run has reached: the mailbox a signal resolves.
-    Column("run_id", String(40), primary_key=True),
+    Column("run_id", IdType(), primary_key=True),
     Column("idx", Integer, primary_key=True),
     *_scope(),
     Column("name", String(200), nullable=False),
@@ -484,7 +484,7 @@ waits = Table(
     Column("match_digest", String(64), nullable=False),
     _at("created_at"),
     _at("until", required=False),
-    Column("signal_id", String(40)),
+    Column("signal_id", IdType()),
     _at("resolved_at", required=False),
     Index(
         "ix_waits_open",
@@ -502,7 +502,7 @@ approvals = Table(
     "approvals",
     metadata,
     # One row per ``approval`` step a run has reached, and its decision once made.
-    Column("run_id", String(40), primary_key=True),
+    Column("run_id", IdType(), primary_key=True),
     Column("idx", Integer, primary_key=True),
     *_scope(),
     Column("step_id", String(64), nullable=False),

@@ -7,12 +7,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, DateTime
+from sqlalchemy import JSON, DateTime, String
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from flowhook.ids import pack_id, unpack_id
+
 __all__ = [
+    "IdType",
     "UTCDateTime",
     "JSONType",
     "json_has_nul",
@@ -105,6 +108,54 @@ class UTCDateTime(TypeDecorator[datetime]):
         if isinstance(value, datetime):  # PostgreSQL
             return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         return stored_datetime(value)  # SQLite's text of before 0021 (an older migration)
+
+
+class _Stored(TypeEngine[Any]):
+    """A column type whose values :class:`IdType` has already made bytes: no processing."""
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> None:
+        return None
+
+
+class _SQLiteId(_Stored, String):
+    """SQLite's ``VARCHAR(40)`` column, as the id columns were declared before migration
+    0023 (a TEXT affinity keeps a blob a blob), so no table is rebuilt."""
+
+
+class _PostgresId(_Stored, postgresql.BYTEA):
+    """PostgreSQL's ``bytea``."""
+
+
+class IdType(TypeDecorator[str]):
+    """An id (``run_01jd7w…``) in Python; in the database the bytes of
+    :func:`flowhook.ids.pack_id`: 17 for an id of ``new_id`` instead of its ~30 characters,
+    in each row and each index entry holding it (migration 0023). Ids of one prefix sort as
+    their text does, so cursors and ``ORDER BY`` are unchanged; a malformed id from a
+    request is stored (and compared) as byte 0 then its text, which matches no id."""
+
+    impl = String(40)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return _SQLITE_ID
+        return _POSTGRES_ID
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else pack_id(value)
+
+    def process_literal_param(self, value: str | None, dialect: Dialect) -> Any:
+        raise NotImplementedError("ids are bound as parameters, never written into SQL")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else unpack_id(value)
+
+
+_SQLITE_ID = _SQLiteId(40)
+_POSTGRES_ID = _PostgresId()
 
 
 JSONType = JSON().with_variant(postgresql.JSONB(), "postgresql")
