@@ -127,6 +127,13 @@ _PREFIX_OF = {code: p for p, code in PACK_CODES.items()}
 _TAIL = re.compile(r"[0-7][0-9a-hjkmnp-tv-z]{25}|[0-9a-hjkmnp-tv-z]{36}")
 _TO_PY32 = str.maketrans(_ALPHABET, "0123456789abcdefghijklmnopqrstuv")
 
+_CACHED = 4096
+_PACKED: dict[str, bytes] = {}
+_UNPACKED: dict[bytes, str] = {}
+"""The last few thousand ids converted each way (cleared when full): a run's ids are
+converted several times each (a workspace's, a flow's and an endpoint's all the time), and a
+lookup costs a twentieth of a conversion."""
+
 
 def pack_id(value: str) -> bytes:
     """``value`` as the store keeps it: an id of :func:`new_id` in 17 bytes (its prefix's
@@ -135,20 +142,35 @@ def pack_id(value: str) -> bytes:
     string (a malformed id from a request, an unknown prefix) is byte 0 then its UTF-8, so
     it round-trips, equals only itself, and matches no id. Packed ids of one prefix sort as
     their text does (big-endian numbers of the same base-32 digits)."""
+    packed = _PACKED.get(value)
+    if packed is not None:
+        return packed
     prefix, _, tail = value.partition("_")
     code = PACK_CODES.get(prefix)
     if code is not None and _TAIL.fullmatch(tail) is not None:
         number = int(tail.translate(_TO_PY32), 32)
-        return code.to_bytes() + number.to_bytes(16 if len(tail) == 26 else 23)
-    return b"\x00" + value.encode()
+        packed = code.to_bytes() + number.to_bytes(16 if len(tail) == 26 else 23)
+    else:
+        packed = b"\x00" + value.encode()
+    if len(_PACKED) >= _CACHED:
+        _PACKED.clear()
+    _PACKED[value] = packed
+    return packed
 
 
 def unpack_id(stored: bytes) -> str:
     """The id :func:`pack_id` stored as ``stored``."""
+    value = _UNPACKED.get(stored)
+    if value is not None:
+        return value
     code = stored[0]
     if code == 0:
-        return stored[1:].decode()
-    number = int.from_bytes(stored[1:])
-    if len(stored) == 17:
-        return f"{_PREFIX_OF[code]}_{_base32_128(number)}"
-    return f"{_PREFIX_OF[code]}_{_base32(number, 36)}"
+        value = stored[1:].decode()
+    elif len(stored) == 17:
+        value = f"{_PREFIX_OF[code]}_{_base32_128(int.from_bytes(stored[1:]))}"
+    else:
+        value = f"{_PREFIX_OF[code]}_{_base32(int.from_bytes(stored[1:]), 36)}"
+    if len(_UNPACKED) >= _CACHED:
+        _UNPACKED.clear()
+    _UNPACKED[stored] = value
+    return value

@@ -44,8 +44,9 @@ from sqlalchemy.types import (
     TypeEngine,
 )
 
+from flowhook.ids import pack_id, unpack_id
 from flowhook.store.sqlite_inline import InlineConnection
-from flowhook.store.types import UTCDateTime, stored_datetime, to_micros
+from flowhook.store.types import IdType, UTCDateTime, stored_datetime, to_micros
 
 __all__ = [
     "insert",
@@ -81,6 +82,10 @@ def _sqlite_datetime(value: datetime | None) -> int | None:
     return None if value is None else to_micros(value)
 
 
+def _packed(value: str | None) -> bytes | None:
+    return None if value is None else pack_id(value)  # IdType's stored form
+
+
 def _sqlite_json(value: Any) -> str:
     return orjson.dumps(value).decode()  # None → 'null', as SQLAlchemy's JSON type stores it
 
@@ -107,6 +112,8 @@ def _converter(column: Column[Any]) -> Convert:
     type_ = column.type
     if type(type_) is UTCDateTime:
         return _sqlite_datetime
+    if type(type_) is IdType:
+        return _packed
     if type(type_) is JSON and not type_.none_as_null:
         return _sqlite_json
     if type(type_) in _STORED_AS_GIVEN:
@@ -306,24 +313,35 @@ async def update_each(
 @lru_cache(maxsize=128)
 def _raw_plan(
     stmt: Any, sizes: tuple[tuple[str, int], ...]
-) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+) -> tuple[str, tuple[tuple[str, Convert], ...], dict[str, Any], tuple[int, ...]]:
     """``stmt`` compiled for SQLite (once), each expanding parameter of ``sizes`` written out
-    as that many placeholders, the parameter names in the order the SQL binds them, and the
-    values SQLAlchemy bound itself (a literal such as ``attempts + 1``'s one)."""
+    as that many placeholders, the parameter names in the order the SQL binds them with how
+    each value is converted, the values SQLAlchemy bound itself (a literal such as
+    ``attempts + 1``'s one), and the positions of the ids among the columns read."""
     compiled = stmt.compile(dialect=sqlite.dialect())
     own = {k: v for k, v in compiled.params.items() if v is not None}
     sql = str(compiled)
-    order: list[str] = []
+    order: list[tuple[str, Convert]] = []
     size = dict(sizes)
     for name in compiled.positiontup or ():
         if name in size:
             if size[name] < 1:
                 raise ValueError(f"run_raw: empty list for {name!r}")
             sql = sql.replace(f"__[POSTCOMPILE_{name}]", ", ".join("?" * size[name]), 1)
-        order.append(name)
+        bound = compiled.binds[name].type
+        order.append((name, _packed if isinstance(bound, IdType) else _raw_value))
     if "__[POSTCOMPILE_" in sql:  # pragma: no cover - a list parameter without a list
         raise ValueError(f"run_raw: a list parameter was given no list: {sql}")
-    return sql, tuple(order), own
+    read = tuple(i for i, c in enumerate(stmt.exported_columns) if isinstance(c.type, IdType))
+    return sql, tuple(order), own, read
+
+
+def _unpacked(row: tuple[Any, ...], ids: tuple[int, ...]) -> tuple[Any, ...]:
+    values = list(row)
+    for i in ids:
+        if values[i] is not None:
+            values[i] = unpack_id(values[i])
+    return tuple(values)
 
 
 def _raw_value(value: Any) -> Any:
@@ -341,20 +359,21 @@ async def run_raw(inline: InlineConnection, stmt: Any, params: dict[str, Any]) -
     may meet one) and return its rows as tuples of stored values (a datetime as SQLite holds
     it: integer microseconds, see :func:`stored_datetime`). Parameters are converted as the
     store's types bind them on SQLite (datetimes integer microseconds since the epoch,
-    booleans 1/0); the columns read are not converted."""
+    booleans 1/0, ids packed); of the columns read only ids are converted (unpacked)."""
     sizes = tuple(
         (name, len(value)) for name, value in params.items() if isinstance(value, list | tuple)
     )
-    sql, order, own = _raw_plan(stmt, sizes)
+    sql, order, own, ids = _raw_plan(stmt, sizes)
     values: list[Any] = []
-    for name in order:
+    for name, convert in order:
         value = params[name] if name in params else own[name]
         if isinstance(value, list | tuple):
-            values.extend(_raw_value(v) for v in value)
+            values.extend(convert(v) for v in value)
         else:
-            values.append(_raw_value(value))
+            values.append(convert(value))
     try:
         cursor = await inline.call(inline.raw.execute, sql, values)
-        return cursor.fetchall()
+        rows = cursor.fetchall()
     except sqlite3.Error as exc:
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
+    return [_unpacked(row, ids) for row in rows] if ids else rows

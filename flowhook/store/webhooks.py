@@ -707,7 +707,8 @@ def _of_run(
 ) -> Any:
     """:func:`list_deliveries` of one run: as :func:`page` would read them, but found through
     the run's events (a delivery's run is its event's; there is no index on run_id). The
-    workspace is compared as ``workspace_id || ''`` so that no index serves it: SQLite, which
+    workspace is compared as ``coalesce(workspace_id, workspace_id)`` so that no index serves
+    it (an expression, of the same type: ``|| ''`` made a packed id text): SQLite, which
     has no statistics to choose by, would otherwise read the workspace's deliveries newest
     first (the ORDER BY's index) down to the run's, every one of them for an old run."""
     q = (
@@ -715,7 +716,7 @@ def _of_run(
         .where(
             _D.event_id.in_(select(events.c.id).where(events.c.run_id == run_id)),
             _D.run_id == run_id,
-            (_D.workspace_id + "") == workspace_id,
+            func.coalesce(_D.workspace_id, _D.workspace_id) == workspace_id,
             _D.mode == mode.value,
         )
         .order_by(_D.id.desc())

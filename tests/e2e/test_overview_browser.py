@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from flowhook.ids import pack_id
 from flowhook.store.types import to_micros
 from tests.support import Server, free_port, serve
 
@@ -110,7 +111,9 @@ def _history(path: Path, flows: list[str], now: datetime) -> tuple[int, int]:
             " status, payload, queued_at, available_at, due_at, started_at, finished_at,"
             " duration_ms) SELECT ?, workspace_id, mode, flow_id, 1, 'api', ?, '{}', ?, ?, ?, ?,"
             " ?, ? FROM flows WHERE flow_id = ?",
-            [(r, s, q, q, q, q, f, d, flow) for r, flow, s, q, f, d in rows],
+            [  # ids as the store keeps them (packed)
+                (pack_id(r), s, q, q, q, q, f, d, pack_id(flow)) for r, flow, s, q, f, d in rows
+            ],
         )
     return hour, len(rows)
 
@@ -209,7 +212,7 @@ def test_overview_draws_runs_durations_and_deliveries(
     # Durations by flow, busiest first, by name; the failing flow completed nothing.
     assert page.locator("#durations .hbar-name a").all_inner_texts() == ["checkout", "refunds"]
     first = page.locator("#durations .hbar-row").first.inner_text()
-    completed = _count(path, "flow_id = ? AND status = 'completed'", checkout)
+    completed = _count(path, "flow_id = ? AND status = 'completed'", pack_id(checkout))
     assert re.search(rf"p50 \d+ ms p95 \d+ ms {completed} completed runs$", " ".join(first.split()))
     widths = [r.get_attribute("width") for r in page.locator("#durations rect.p95").all()]
     assert "100.0%" in widths  # the longest p95 fills its track
@@ -255,7 +258,10 @@ def _count(path: Path, where: str, *params: object) -> int:
 
 def _failed_last_hour(path: Path, now: datetime) -> int:
     since = _stored(now.replace(second=0, microsecond=0) - timedelta(minutes=59))
-    return _count(path, "run_id LIKE 'run_seed%' AND status = 'failed' AND queued_at >= ?", since)
+    seeded = pack_id("run_seed").hex().upper() + "%"  # the history's runs (ids stored packed)
+    return _count(
+        path, "hex(run_id) LIKE ? AND status = 'failed' AND queued_at >= ?", seeded, since
+    )
 
 
 def shot(page: Any, name: str) -> None:

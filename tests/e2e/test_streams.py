@@ -21,6 +21,7 @@ import asyncpg
 import httpx
 import pytest
 
+from flowhook.ids import pack_id, unpack_id
 from flowhook.store.models import envelope
 from flowhook.store.types import from_micros
 from tests.support import FLOWHOOK, Server, secret_key_env, serve, worker
@@ -68,13 +69,14 @@ def events_only(messages: list[Message]) -> list[tuple[str, str, bytes]]:
 def stored(database_url: str, run_id: str | None = None) -> list[tuple[str, str, bytes]]:
     """(id, type, body) of the stored events (one run's, or all), oldest first: the body as
     the store gives it (rebuilt from the row, see flowhook.store.models.envelope)."""
-    where = "WHERE run_id = $1" if run_id else "WHERE $1::text IS NULL"
+    where = "WHERE run_id = $1" if run_id else "WHERE $1::bytea IS NULL"
+    key = None if run_id is None else pack_id(run_id)  # ids are stored packed
     if database_url.startswith("sqlite"):
         conn = sqlite3.connect(database_url.removeprefix("sqlite:///"))
         conn.row_factory = sqlite3.Row
         try:
-            sql = where.replace("$1::text", "?").replace("$1", "?")
-            rows = conn.execute(f"SELECT * FROM events {sql} ORDER BY id", (run_id,))
+            sql = where.replace("$1::bytea", "?").replace("$1", "?")
+            rows = conn.execute(f"SELECT * FROM events {sql} ORDER BY id", (key,))
             return [_body_of(r, from_micros(r["created_at"])) for r in rows]
         finally:
             conn.close()
@@ -82,7 +84,7 @@ def stored(database_url: str, run_id: str | None = None) -> list[tuple[str, str,
     async def read() -> list[tuple[str, str, bytes]]:
         conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg", "postgresql"))
         try:
-            rows = await conn.fetch(f"SELECT * FROM events {where} ORDER BY id", run_id)
+            rows = await conn.fetch(f"SELECT * FROM events {where} ORDER BY id", key)
             return [_body_of(r, r["created_at"]) for r in rows]
         finally:
             await conn.close()
@@ -91,11 +93,13 @@ def stored(database_url: str, run_id: str | None = None) -> list[tuple[str, str,
 
 
 def _body_of(row: Any, created_at: datetime) -> tuple[str, str, bytes]:
+    event_id = unpack_id(row["id"])
     if row["body"] is not None:
-        return row["id"], row["type"], bytes(row["body"])
+        return event_id, row["type"], bytes(row["body"])
     at = created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)
-    body = envelope(row["type"], row["flow_id"], row["run_id"], at, bytes(row["payload"]))
-    return row["id"], row["type"], body
+    flow_id, run_id = (unpack_id(row[c]) if row[c] else None for c in ("flow_id", "run_id"))
+    body = envelope(row["type"], flow_id, run_id, at, bytes(row["payload"]))
+    return event_id, row["type"], body
 
 
 def auth(key: str) -> dict[str, str]:

@@ -256,3 +256,12 @@ async def test_every_response_carries_a_request_id(api: Api) -> None:
     r = await api.client.get("/healthz", headers={"X-Request-Id": "abc123"})
     assert r.headers["x-request-id"] == "abc123"
     assert (await api.client.get("/healthz")).headers["x-request-id"]
+
+
+async def test_a_status_filter_that_is_empty_or_unknown_is_refused(api: Api) -> None:
+    # An empty ``status=`` is not "no filter": the schema's enum does not hold it.
+    for path in ("/api/v1/flows/runs", "/api/v1/webhooks/deliveries"):
+        for value in ("", "nope"):
+            r = await api.get(f"{path}?status={value}")
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_request"), (path, r.text)
+        assert (await api.get(path)).status_code == 200

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Enum, MetaData, Numeric, String, Table
 
+from flowhook.ids import pack_id
 from flowhook.store import bulk
 from flowhook.store import tables as store_tables
 from flowhook.store.db import Database
@@ -240,7 +241,7 @@ async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
     assert _timestamp_types(fast) == _timestamp_types(slow) == {"integer", "null"}
     with sqlite3.connect(fast) as raw:
         [(queued, available)] = raw.execute(
-            "SELECT queued_at, available_at FROM runs WHERE run_id = 'run_0'"
+            "SELECT queued_at, available_at FROM runs WHERE run_id = ?", (pack_id("run_0"),)
         ).fetchall()
     assert queued == to_micros(NOW) == 1795342530123456  # 2026-11-22 10:15:30.123456 UTC
     assert available == queued - 123456  # given at UTC-5: the same instant
@@ -267,7 +268,7 @@ async def test_a_duplicate_key_is_an_integrity_error_and_rolls_back(
     with pytest.raises(sa_exc.IntegrityError):
         await new_rows_then_a_duplicate()
     await db.dispose()
-    assert [r[0] for r in _dump(path)["runs"]] == ["run_0"]
+    assert [r[0] for r in _dump(path)["runs"]] == [pack_id("run_0")]  # ids stored packed
 
 
 def _bulk_written_tables() -> set[str]:

@@ -82,7 +82,9 @@ async def list_runs(
     who: CallerDep,
     paging: PagingDep,
     flow_id: str | None = None,
-    status: str | None = Query(None, description="queued, running, completed, failed or cancelled"),
+    status: str | None = Query(
+        None, min_length=1, description="queued, running, completed, failed or cancelled"
+    ),
 ) -> Response:
     page = await services.runs.list(who, **paging, flow_id=flow_id, status=status)
     return page_response(page, lambda r: run_record(r, with_steps=False))

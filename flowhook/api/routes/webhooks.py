@@ -282,7 +282,7 @@ async def list_deliveries(
     services: ServicesDep,
     who: CallerDep,
     paging: PagingDep,
-    status: str | None = Query(None, description="pending, succeeded or failed"),
+    status: str | None = Query(None, min_length=1, description="pending, succeeded or failed"),
     endpoint_id: str | None = None,
     event: str | None = None,
     run_id: str | None = None,
