@@ -55,6 +55,7 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
+from flowhook.ids import unpack_id
 from flowhook.signing import standard_signature, x_service_signature
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -648,6 +649,8 @@ async def read_state(database_url: str) -> DbState:
             rows = [[tuple(r) for r in await conn.fetch(sql)] for sql in STATE_SQL]
         finally:
             await conn.close()
+    for i in (0, 3, 4, 5):  # their first column is an id, as the store keeps it (packed)
+        rows[i] = [(unpack_id(bytes(r[0])), *r[1:]) for r in rows[i]]
     failed: dict[str, set[int]] = {}
     for event_id, number in rows[4]:
         failed.setdefault(event_id, set()).add(int(number))

@@ -24,9 +24,11 @@ import asyncpg
 import orjson
 from sqlalchemy import JSON, Table, select
 
+from flowhook.ids import pack_id
 from flowhook.store import bulk
 from flowhook.store.db import Database
 from flowhook.store.tables import deliveries, delivery_attempts, events, run_steps, runs
+from flowhook.store.types import IdType
 
 __all__ = ["CHUNK", "write", "Template", "read_template", "grow", "HISTORY_TABLES"]
 
@@ -51,6 +53,8 @@ def _head(ms: int) -> str:
 def _pg_value(column: Any, value: Any) -> Any:
     if value is not None and isinstance(column.type, JSON):
         return orjson.dumps(value).decode()  # jsonb goes through COPY as its text
+    if value is not None and isinstance(column.type, IdType):
+        return pack_id(value)  # bytea: the id as the store keeps it
     return value
 
 
