@@ -3,14 +3,40 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
+from sqlalchemy import String
 
+from flowhook.store import bulk, types
 from tests.conftest import PG_URL
+
+
+class _TextId(types._Stored, String):
+    """``VARCHAR(40)`` with no processing: an id column as PostgreSQL held it before 0023."""
+
+
+def _same(value: object) -> object:
+    return value
+
+
+@contextlib.contextmanager
+def text_ids() -> Iterator[None]:
+    """The store's code as it was before migration 0023: ids written and read as their text
+    (``IdType`` and the bulk paths do not pack them; PostgreSQL's columns are ``varchar``).
+    A test that writes rows at a revision older than 0023 through the current code does so
+    inside this (with a :class:`Database` made and disposed inside it: SQLAlchemy keeps
+    each type's processors per engine)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (types, bulk):
+            patch.setattr(module, "pack_id", _same)
+            patch.setattr(module, "unpack_id", _same)
+        patch.setattr(types, "_POSTGRES_ID", _TextId(40))
+        yield
 
 
 def admin_sql(sql: str) -> None:

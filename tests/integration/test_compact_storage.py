@@ -33,6 +33,7 @@ from flowhook.store.tables import events, metadata, run_steps, runs
 from flowhook.store.types import UTCDateTime, from_micros
 from flowhook.store.wakeup import Wakeup
 from tests.conftest import Receiver
+from tests.integration.conftest import text_ids
 from tests.support import secret_key_for
 
 NOW = datetime(2026, 11, 20, 10, 15, 30, 123456, tzinfo=UTC)
@@ -160,6 +161,13 @@ def _stored_types(path: str) -> dict[str, int]:
 
 
 async def _write_as_0018(url: str, receiver_url: str) -> dict[str, Any]:
+    """:func:`_write_as_0018_text_ids` with the code of the time: ids as text (0023 packs
+    them)."""
+    with text_ids():
+        return await _write_as_0018_text_ids(url, receiver_url)
+
+
+async def _write_as_0018_text_ids(url: str, receiver_url: str) -> dict[str, Any]:
     """A workspace with a completed run's events as the version before 0020 stored them (one
     of them with a body the envelope would not rebuild: kept as it is), a delivery of each
     (one failed after two attempts, with its log), and an endpoint; what was written."""
@@ -384,6 +392,10 @@ async def _everything(db: Database) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def _unordered(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {table: sorted(found, key=repr) for table, found in rows.items()}
+
+
 ODD = {
     "2026-01-01": datetime(2026, 1, 1, tzinfo=UTC),  # a date alone
     "2026-11-20 10:15:30": datetime(2026, 11, 20, 10, 15, 30, tzinfo=UTC),  # no fraction
@@ -450,7 +462,16 @@ async def test_0021_reads_back_every_timestamp_the_same(empty_url: str, receiver
         assert len(before["events"]) >= 3 and before["run_steps"]
         if not empty_url.startswith("sqlite"):
             await _downgrade(db, "0020")
-            assert await _everything(db) == before
+            await db.dispose()
+            with text_ids():  # read as the code of 0020 did: ids as text
+                at_0020 = Database(empty_url, secret_key=settings.secret_key)
+                try:
+                    # The same rows; in the text's order (the test's own run ids such as
+                    # ``run_1969`` are no ids: packed, they sort before every real one).
+                    assert _unordered(await _everything(at_0020)) == _unordered(before)
+                finally:
+                    await at_0020.dispose()
+            db = Database(empty_url, secret_key=settings.secret_key)
             await migrate(db)
             assert await _everything(db) == before
             return
@@ -467,9 +488,9 @@ async def test_0021_reads_back_every_timestamp_the_same(empty_url: str, receiver
             ).fetchall() == [("2026-11-20 10:15:30.999999",)]
             for (text, at), run_id in zip(ODD.items(), edges, strict=True):
                 raw.execute("UPDATE runs SET started_at = ? WHERE run_id = ?", (text, run_id))
-                for r in before["runs"]:
-                    if r["run_id"] == run_id:
-                        r["started_at"] = at
+                for row in before["runs"]:
+                    if row["run_id"] == run_id:
+                        row["started_at"] = at
             raw.commit()
         finally:
             raw.close()

@@ -29,6 +29,7 @@ from flowhook.store.models import Mode
 from flowhook.store.tables import run_steps, runs
 from flowhook.store.wakeup import Wakeup
 from tests.conftest import Receiver
+from tests.integration.conftest import text_ids
 from tests.integration.test_compact_storage import _settings
 
 NOW = datetime(2026, 11, 25, 10, 0, 0, tzinfo=UTC)
@@ -36,6 +37,13 @@ UQ = "uq_runs_workspace_id_mode_idempotency_key"
 
 
 async def _write_at_0020(url: str, receiver_url: str) -> dict[str, Any]:
+    """:func:`_write_at_0020_text_ids` with the code of the time: ids as text (0023 packs
+    them)."""
+    with text_ids():
+        return await _write_at_0020_text_ids(url, receiver_url)
+
+
+async def _write_at_0020_text_ids(url: str, receiver_url: str) -> dict[str, Any]:
     """Three runs as 0020 stored them (one started with an Idempotency-Key, one with a step),
     each with a ``flow.completed`` event delivered to an endpoint; what the API read then."""
     settings = _settings(url)

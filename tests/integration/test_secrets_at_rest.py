@@ -31,6 +31,7 @@ from flowhook.store.migrate import current_revision, head_revision, migrate
 from flowhook.store.models import Endpoint, Mode
 from flowhook.store.tables import endpoint_events, inbound_hooks, webhook_endpoints
 from tests.conftest import PG_URL, Api, Receiver
+from tests.integration.conftest import text_ids
 from tests.integration.test_webhooks import endpoint, until
 
 FLOW: dict[str, Any] = {
@@ -172,9 +173,14 @@ async def _write_as_the_old_version(db: Database) -> None:
 
 async def test_the_migration_seals_plaintext_rows_and_they_sign_the_same(empty_url: str) -> None:
     key = generate_key()
+    with text_ids():  # written by the code of 0005's time: ids as text (0023 packs them)
+        old = Database(empty_url, secret_key=key)
+        try:
+            await _write_as_the_old_version(old)
+        finally:
+            await old.dispose()
     db = Database(empty_url, secret_key=key)
     try:
-        await _write_as_the_old_version(db)
         before = x_service_signature(LEGACY["endpoint"], b"{}")
         assert sorted(await raw_secrets(db)) == sorted(LEGACY.values())
 

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from flowhook.clock import FakeClock
 from flowhook.engine.executor import Executor
 from flowhook.events import make_event
-from flowhook.ids import new_id
+from flowhook.ids import new_id, unpack_id
 from flowhook.service import Services
 from flowhook.store import events as events_store
 from flowhook.store import runs as runs_store
@@ -45,7 +45,7 @@ async def _queued(services: Services, n: int, clock: FakeClock) -> tuple[list[st
     created = await services.keys.create(Mode.TEST, "ws")
     who = await services.keys.authenticate(f"Bearer {created.key}")
     flow = await services.flows.create(who, FLOW)
-    services.runs._clock = clock  # type: ignore[attr-defined]
+    services.runs._clock = clock
     ids = []
     for i in range(n):
         started = await services.runs.start(who, flow_id=flow.flow_id, payload={"x": i})
@@ -284,7 +284,8 @@ async def test_migration_0008_gives_claimable_rows_their_due_time(tmp_path: Any)
     await migrate(new)
     await new.dispose()
     raw = sqlite3.connect(path)
-    due = dict(raw.execute("SELECT run_id, due_at FROM runs").fetchall())
+    # The ids packed by 0023 (these, no ids of new_id, as byte 0 then their text).
+    due = {unpack_id(k): v for k, v in raw.execute("SELECT run_id, due_at FROM runs")}
     raw.close()
     # Integer microseconds since the epoch from 0021 on (2026-01-02, and 1970-01-01 itself).
     assert due == {"run_a": 1767312000000000, "run_b": 0}
