@@ -39,7 +39,8 @@ events, a delivery and its attempt: about 700,000 ids) written by the code of 00
   (turning the base-32 digits into bits). The database went from 88 MB to 74 MB (the
   rewrite also drops dead rows, so not all of that is the ids).
 
-Downgrade writes the text back (``VARCHAR(40)`` again on PostgreSQL).
+Downgrade writes the text back (``VARCHAR(40)`` again on PostgreSQL): 2.4 s on SQLite and
+19 s on PostgreSQL for the same 20,000 runs, the rows then equal to those before the upgrade.
 """
 
 from __future__ import annotations
