@@ -19,17 +19,28 @@ from sqlalchemy.engine import Connection
 from flowhook.errors import SecretKeyError
 from flowhook.store.crypto import PREFIX, SecretBox
 from flowhook.store.db import Database
-from flowhook.store.types import JSONType
+from flowhook.store.types import IdType, JSONType
 
 __all__ = ["Mode", "Resealed", "reseal", "reseal_batch", "reseal_in_batches", "KINDS"]
 
-_endpoints = sa.table(
-    "webhook_endpoints",
-    sa.column("id", sa.String),
-    sa.column("secret", sa.Text),
-    sa.column("previous_secret", sa.Text),
-)
-_hooks = sa.table("inbound_hooks", sa.column("id", sa.String), sa.column("verify", JSONType))
+
+def _tables(id_type: sa.types.TypeEngine[str]) -> dict[str, sa.TableClause]:
+    """The two tables that hold secrets, by kind, with their ids of ``id_type``."""
+    return {
+        "endpoints": sa.table(
+            "webhook_endpoints",
+            sa.column("id", id_type),
+            sa.column("secret", sa.Text),
+            sa.column("previous_secret", sa.Text),
+        ),
+        "hooks": sa.table("inbound_hooks", sa.column("id", id_type), sa.column("verify", JSONType)),
+    }
+
+
+_PACKED = _tables(IdType())
+_TEXT = _tables(sa.String())
+"""Ids as the store keeps them (migration 0023 on), and as text (what migration 0006, which
+calls :func:`reseal`, reads and writes)."""
 
 KINDS = ("endpoints", "hooks")
 
@@ -78,35 +89,42 @@ def _next(box: SecretBox, stored: str | None, mode: Mode) -> str | None:
 
 
 def reseal_batch(
-    conn: Connection, box: SecretBox, kind: str, *, after: str, limit: int, mode: Mode
+    conn: Connection,
+    box: SecretBox,
+    kind: str,
+    *,
+    after: str,
+    limit: int,
+    mode: Mode,
+    packed_ids: bool = True,
 ) -> tuple[str | None, Resealed]:
-    """Treat the next ``limit`` rows of ``kind`` after id ``after`` as ``mode`` says.
-    Returns the last id looked at (``None``: done) and what was done."""
-    table = _endpoints if kind == "endpoints" else _hooks
-    rows = conn.execute(
-        sa.select(table).where(table.c.id > after).order_by(table.c.id).limit(limit)
-    ).all()
+    """Treat the next ``limit`` rows of ``kind`` after id ``after`` (``""``: from the first)
+    as ``mode`` says; ``packed_ids=False`` for a schema older than migration 0023. Returns the
+    last id looked at (``None``: done) and what was done."""
+    table = (_PACKED if packed_ids else _TEXT)[kind]
+    q = sa.select(table).order_by(table.c.id).limit(limit)
+    rows = conn.execute(q.where(table.c.id > after) if after else q).all()
     done = Resealed()
     for row in rows:
         try:
             if kind == "endpoints":
-                done.sealed[kind] += _endpoint(conn, box, row, mode)
+                done.sealed[kind] += _endpoint(conn, box, table, row, mode)
             else:
-                done.sealed[kind] += _hook(conn, box, row, mode)
+                done.sealed[kind] += _hook(conn, box, table, row, mode)
         except SecretKeyError:
             done.unreadable.append(f"{'webhook endpoint' if kind == 'endpoints' else 'hook'} "
                                    f"{row.id}")  # fmt: skip
     return (rows[-1].id if len(rows) == limit else None), done
 
 
-def _endpoint(conn: Connection, box: SecretBox, row: Any, mode: Mode) -> int:
+def _endpoint(conn: Connection, box: SecretBox, table: sa.TableClause, row: Any, mode: Mode) -> int:
     secret = _next(box, row.secret, mode)
     previous = _next(box, row.previous_secret, mode)
     if secret is None and previous is None:
         return 0
-    c = _endpoints.c
+    c = table.c
     changed = conn.execute(
-        sa.update(_endpoints)
+        sa.update(table)
         .where(
             c.id == row.id,
             c.secret == row.secret,
@@ -117,7 +135,7 @@ def _endpoint(conn: Connection, box: SecretBox, row: Any, mode: Mode) -> int:
     return (int(secret is not None) + int(previous is not None)) * changed.rowcount
 
 
-def _hook(conn: Connection, box: SecretBox, row: Any, mode: Mode) -> int:
+def _hook(conn: Connection, box: SecretBox, table: sa.TableClause, row: Any, mode: Mode) -> int:
     verify = row.verify
     if not isinstance(verify, dict) or not isinstance(verify.get("secret"), str):
         return 0
@@ -125,18 +143,22 @@ def _hook(conn: Connection, box: SecretBox, row: Any, mode: Mode) -> int:
     if secret is None:
         return 0
     conn.execute(
-        sa.update(_hooks).where(_hooks.c.id == row.id).values(verify={**verify, "secret": secret})
+        sa.update(table).where(table.c.id == row.id).values(verify={**verify, "secret": secret})
     )
     return 1
 
 
-def reseal(conn: Connection, box: SecretBox, *, mode: Mode, batch: int = 500) -> Resealed:
+def reseal(
+    conn: Connection, box: SecretBox, *, mode: Mode, batch: int = 500, packed_ids: bool = True
+) -> Resealed:
     """Every secret, in one transaction (the migration and the check on start)."""
     total = Resealed()
     for kind in KINDS:
         after: str | None = ""
         while after is not None:
-            after, done = reseal_batch(conn, box, kind, after=after, limit=batch, mode=mode)
+            after, done = reseal_batch(
+                conn, box, kind, after=after, limit=batch, mode=mode, packed_ids=packed_ids
+            )
             total.add(kind, done)
     return total
 

@@ -50,11 +50,11 @@ def _retype(type_: sa.types.TypeEngine[str], old: sa.types.TypeEngine[str]) -> N
 
 def upgrade() -> None:
     _retype(sa.Text(), sa.String(length=100))
-    done = secrets.reseal(op.get_bind(), _box(), mode="seal")
+    done = secrets.reseal(op.get_bind(), _box(), mode="seal", packed_ids=False)  # text until 0023
     done.raise_if_unreadable(_box().source)
 
 
 def downgrade() -> None:
     """Back to plaintext (the columns stay wide: a sealed-then-opened secret fits either)."""
-    done = secrets.reseal(op.get_bind(), _box(), mode="open")
+    done = secrets.reseal(op.get_bind(), _box(), mode="open", packed_ids=False)
     done.raise_if_unreadable(_box().source)
