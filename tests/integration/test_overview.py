@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import event, text
 
 from flowhook.clock import FakeClock
+from flowhook.ids import pack_id
 from flowhook.service import Principal, Services
 from flowhook.service.overview import OverviewService, bucket_starts
 from flowhook.store import overview as overview_store
@@ -183,7 +184,7 @@ async def test_p50_and_p95_per_flow_from_completed_runs_of_the_day(
                         " percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms)"
                         " FROM runs WHERE flow_id = :f"
                     ),
-                    {"f": a},
+                    {"f": pack_id(a)},  # the id as the store keeps it
                 )
             ).one()
         assert (checkout.p50_ms, checkout.p95_ms) == (exact[0], pytest.approx(exact[1]))

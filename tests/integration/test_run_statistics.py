@@ -16,6 +16,7 @@ import pytest
 
 from flowhook.clock import SystemClock
 from flowhook.config import Settings
+from flowhook.ids import pack_id
 from flowhook.service import Services
 from flowhook.service.runs import STATISTICS_AFTER
 from flowhook.store.db import Database
@@ -72,7 +73,7 @@ async def _lookup_plan(conn: Any, workspace_id: str) -> str:
     """The generic plan of the Idempotency-Key lookup (what a prepared statement keeps)."""
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        rows = await conn.fetch(f"EXPLAIN {LOOKUP}", workspace_id, "test", "k")
+        rows = await conn.fetch(f"EXPLAIN {LOOKUP}", pack_id(workspace_id), "test", "k")
     return "\n".join(r[0] for r in rows)
 
 
@@ -92,10 +93,11 @@ async def test_accepting_runs_gathers_the_statistics_the_idempotency_lookup_need
         await conn.execute(
             "INSERT INTO runs (run_id, workspace_id, mode, flow_id, flow_version, trigger,"
             " status, payload, queued_at, available_at, due_at, idempotency_key, request_hash)"
-            " SELECT 'run_old' || i, $1, 'test', $2, 1, 'api', 'completed', '{}', now(),"
+            " SELECT '\\x00'::bytea || convert_to('run_old' || i, 'UTF8'), $1, 'test', $2, 1, 'api', 'completed',"
+            " '{}', now(),"
             " now(), now(), md5(i::text), md5(i::text) FROM generate_series(1, 5000) i",
-            who.workspace_id,
-            flow.flow_id,
+            pack_id(who.workspace_id),  # ids as the store keeps them
+            pack_id(flow.flow_id),
         )
         assert not await _has_statistics(conn)
 
