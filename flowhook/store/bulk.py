@@ -90,6 +90,10 @@ def _sqlite_json(value: Any) -> str:
     return orjson.dumps(value).decode()  # None → 'null', as SQLAlchemy's JSON type stores it
 
 
+def _sqlite_json_or_null(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()  # OptionalJSON: NULL
+
+
 def _same(value: Any) -> Any:
     return value
 
@@ -114,8 +118,8 @@ def _converter(column: Column[Any]) -> Convert:
         return _sqlite_datetime
     if type(type_) is IdType:
         return _packed
-    if type(type_) is JSON and not type_.none_as_null:
-        return _sqlite_json
+    if type(type_) is JSON:
+        return _sqlite_json_or_null if type_.none_as_null else _sqlite_json
     if type(type_) in _STORED_AS_GIVEN:
         return _same
     if type(type_) is Boolean:
@@ -235,7 +239,9 @@ async def update(
 
 def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     # JSON columns are JSONB on PostgreSQL (a variant the ARRAY type would not resolve)
-    return postgresql.JSONB() if isinstance(type_, JSON) else type_
+    if isinstance(type_, JSON):
+        return postgresql.JSONB(none_as_null=type_.none_as_null)
+    return type_
 
 
 @lru_cache(maxsize=64)

@@ -23,7 +23,7 @@ from sqlalchemy import (
     text,
 )
 
-from flowhook.store.types import IdType, JSONType, UTCDateTime
+from flowhook.store.types import IdType, JSONType, OptionalJSON, UTCDateTime
 
 __all__ = [
     "metadata",
@@ -147,8 +147,8 @@ runs = Table(
     Column("trigger", String(16), nullable=False),
     Column("status", String(16), nullable=False),
     Column("payload", JSONType, nullable=False),
-    Column("output", JSONType),
-    Column("error", JSONType),
+    Column("output", OptionalJSON),
+    Column("error", OptionalJSON),
     Column("steps_executed", Integer, nullable=False, server_default=text("0")),
     Column("next_step", Integer, nullable=False, server_default=text("0")),
     _at("queued_at"),
@@ -176,7 +176,7 @@ runs = Table(
     _ref("parent_run_id", required=False),
     Column("parent_idx", Integer),
     _ref("root_run_id", required=False),
-    Column("scope", JSONType),
+    Column("scope", OptionalJSON),
     # Flow control (see flowhook/store/control.py): the keys read when the run was accepted,
     # the concurrency slot it holds from admission to its end, why it is held back, and its
     # place among due runs.
@@ -269,11 +269,11 @@ run_steps = Table(
     _at("started_at", required=False),
     _at("finished_at", required=False),
     Column("duration_ms", BigInteger),
-    Column("output", JSONType),
-    Column("error", JSONType),
+    Column("output", OptionalJSON),
+    Column("error", OptionalJSON),
     # The numbers of the attempts that started and never recorded an outcome (the process
     # died, or the run was cancelled meanwhile); null when none.
-    Column("interrupted", JSONType),
+    Column("interrupted", OptionalJSON),
     # A rerun's step copied from the run it reruns, not run again.
     Column("reused", Boolean, nullable=False, server_default=false()),
     **_CLUSTERED,
@@ -324,7 +324,7 @@ webhook_endpoints = Table(
     Column("rate_limit", Float),
     _at("rate_next_at", required=False),
     Column("ordering", String(8)),
-    Column("filter_flow_ids", JSONType),
+    Column("filter_flow_ids", OptionalJSON),
     Index(None, "workspace_id", "mode", "id"),
 )
 
@@ -417,7 +417,7 @@ inbound_hooks = Table(
     Column("signal", String(200)),
     # {"type": "hmac", "header", "encoding": "hex"|"base64", "secret"} or
     # {"type": "standard", "secret"}; null: anyone with the URL may post.
-    Column("verify", JSONType),
+    Column("verify", OptionalJSON),
     Column("dedup_header", String(100)),
     Column("rate_limit", Integer, nullable=False),
     _at("created_at"),
