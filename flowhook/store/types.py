@@ -145,6 +145,14 @@ class IdType(TypeDecorator[str]):
             return _SQLITE_ID
         return _POSTGRES_ID
 
+    def bind_processor(self, dialect: Dialect) -> Callable[[str | None], bytes | None]:
+        return _packed  # process_bind_param's work without TypeDecorator's wrapper around it
+
+    def result_processor(
+        self, dialect: Dialect, coltype: object
+    ) -> Callable[[bytes | None], str | None]:
+        return _unpacked
+
     def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
         return None if value is None else pack_id(value)
 
@@ -153,6 +161,14 @@ class IdType(TypeDecorator[str]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
         return None if value is None else unpack_id(value)
+
+
+def _packed(value: str | None) -> bytes | None:
+    return None if value is None else pack_id(value)
+
+
+def _unpacked(value: bytes | None) -> str | None:
+    return None if value is None else unpack_id(value)
 
 
 _SQLITE_ID = _SQLiteId(40)
