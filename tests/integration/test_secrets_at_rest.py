@@ -7,13 +7,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import orjson
 import pytest
 from sqlalchemy import text
@@ -30,7 +27,7 @@ from flowhook.store.db import Database
 from flowhook.store.migrate import current_revision, head_revision, migrate
 from flowhook.store.models import Endpoint, Mode
 from flowhook.store.tables import endpoint_events, inbound_hooks, webhook_endpoints
-from tests.conftest import PG_URL, Api, Receiver
+from tests.conftest import Api, Receiver
 from tests.integration.conftest import text_ids
 from tests.integration.test_webhooks import endpoint, until
 
@@ -109,30 +106,7 @@ async def test_secrets_are_ciphertext_in_the_database_and_sign_as_before(
 # A database as the version before encryption left it: migrated to 0005, plaintext rows.
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new database with no schema, on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    request.getfixturevalue("pg_url")  # skips (or fails in CI) without PostgreSQL
-    assert PG_URL
-    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
-    _admin(f'CREATE DATABASE "{name}"')
-    yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _admin(sql: str) -> None:
-    async def go() -> None:
-        assert PG_URL
-        conn = await asyncpg.connect(PG_URL)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(go())
+# (``empty_url``: tests/integration/conftest.py)
 
 
 LEGACY = {
