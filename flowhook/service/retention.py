@@ -75,16 +75,26 @@ class RetentionService:
         days = self._days if days is None else days
         now = self._clock.now()
         before = now - timedelta(days=days)
-        runs = await self._batches(lambda c: store.prune_batch(c, before, BATCH), BATCH)
-        signals = await self._batches(lambda c: store.prune_signals(c, before, BATCH), BATCH)
         cleared_before = now - timedelta(days=min(self._delivery_days, days))
-        cleared = await self._batches(
-            lambda c: store.clear_delivered(c, cleared_before, before, CLEAR_BATCH), CLEAR_BATCH
-        )
-        freed = await self.give_back()
+        checkpoint = space.Checkpointer(self._db)
+        try:
+            runs = await self._batches(
+                lambda c: store.prune_batch(c, before, BATCH), BATCH, checkpoint
+            )
+            signals = await self._batches(
+                lambda c: store.prune_signals(c, before, BATCH), BATCH, checkpoint
+            )
+            cleared = await self._batches(
+                lambda c: store.clear_delivered(c, cleared_before, before, CLEAR_BATCH),
+                CLEAR_BATCH,
+                checkpoint,
+            )
+            freed = await self.give_back(checkpoint)
+        finally:
+            await asyncio.to_thread(checkpoint.close)
         return Pruned(runs, signals, cleared, freed)
 
-    async def give_back(self) -> int:
+    async def give_back(self, checkpoint: space.Checkpointer | None = None) -> int:
         """SQLite with incremental auto-vacuum: give every free page back to the file
         system, :data:`VACUUM_STEP` at a time; how many went. Elsewhere nothing."""
         if not self._db.is_sqlite:
@@ -107,6 +117,8 @@ class RetentionService:
         while left:
             began = time.perf_counter()
             now_left = await space.free_pages(self._db, VACUUM_STEP)
+            if checkpoint is not None:
+                await checkpoint()
             freed += max(0, left - now_left)
             if now_left >= left:  # nothing moved (another writer keeps adding free pages)
                 break
@@ -114,12 +126,14 @@ class RetentionService:
             await asyncio.sleep(max(MIN_PAUSE, time.perf_counter() - began))
         return freed
 
-    async def _batches(self, step: store.Step, size: int) -> int:
+    async def _batches(self, step: store.Step, size: int, checkpoint: space.Checkpointer) -> int:
         total = 0
         while True:
             began = time.perf_counter()
             async with self._db.transaction() as conn:
                 done = await step(conn)
+            if done:
+                await checkpoint()
             total += done
             if done < size:
                 return total
