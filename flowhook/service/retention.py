@@ -9,6 +9,10 @@
 - on SQLite (incremental auto-vacuum) the pages this freed are given back to the file
   system, a few at a time.
 
+On SQLite each transaction is followed by a passive WAL checkpoint on a thread of its own
+(:class:`~flowhook.store.space.Checkpointer`), so the automatic checkpoints that SQLite runs
+inside commits (the API's among them) find little left to copy while a pass fills the WAL.
+
 Everything goes in short transactions (:data:`BATCH` runs, :data:`VACUUM_STEP` pages), with a
 pause after each as long as it took, so API writes waiting for the single SQLite writer (or,
 on the inline driver, for the event loop) get their turn in between: each step held it for
