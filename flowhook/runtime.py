@@ -59,6 +59,7 @@ class Runtime:
             retry_throttled=settings.webhook_retry_throttled,
             poll_interval=settings.poll_interval,
         )
+        self.worker.dispatcher = self.dispatcher  # runs' deliveries go to it claimed
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
 

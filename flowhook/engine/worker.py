@@ -17,7 +17,7 @@ import socket
 import uuid
 from collections.abc import Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +30,7 @@ from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
+from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import Run, RunStatus
 from flowhook.store.wakeup import Wakeup
@@ -58,6 +59,14 @@ def redo_alone(exc: BaseException) -> bool:
     if not isinstance(exc, Exception):
         return False
     return isinstance(exc, WriteConflict) or not isinstance(exc, StoreUnavailable)
+
+
+class Taker(Protocol):
+    """What takes the deliveries a progress transaction queues (the webhook dispatcher)."""
+
+    def handoff(self) -> webhooks_store.Handoff | None: ...
+
+    def adopt(self, handoff: webhooks_store.Handoff) -> None: ...
 
 
 def new_owner_id() -> str:
@@ -100,6 +109,9 @@ class Worker(Consumer):
         self._max_output = max_step_output_bytes
         self._max_map_items = max_map_items
         load_plugins(plugins or [])
+        self.dispatcher: Taker | None = None
+        """The dispatcher of this process, which takes the deliveries the progress
+        transactions queue (``None``: they are claimed from the queue)."""
         self._writes: GroupCommit[runs_store.Progress, bool] = GroupCommit(
             self._commit_progress, max_batch=PROGRESS_BATCH, isolate=redo_alone
         )
@@ -135,10 +147,22 @@ class Worker(Consumer):
 
     async def _commit_progress(self, batch: Sequence[runs_store.Progress]) -> list[bool]:
         """Group commit: the progress of every run that reached a write meanwhile, in one
-        transaction, run again if it loses a lock conflict (it wrote nothing then)."""
-        return await self.db.retrying(
-            lambda conn: runs_store.apply_progress(conn, batch, owner=self.owner)
-        )
+        transaction, run again if it loses a lock conflict (it wrote nothing then). With a
+        dispatcher in this process (``handoff``), the deliveries the transaction queues go
+        to it claimed, and it starts them once the transaction has committed."""
+        taker = self.dispatcher
+        handoff = taker.handoff() if taker is not None else None
+
+        async def write(conn: AsyncConnection) -> list[bool]:
+            if handoff is not None:
+                handoff.reset()  # a try that rolled back took nothing
+                conn.info["tx"][webhooks_store.HANDOFF] = handoff
+            return await runs_store.apply_progress(conn, batch, owner=self.owner)
+
+        applied = await self.db.retrying(write)
+        if taker is not None and handoff is not None:
+            taker.adopt(handoff)
+        return applied
 
     def _side_loops(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {"flowhook-heartbeat": self._heartbeat(), "flowhook-cancels": self._watch_cancels()}

@@ -6,13 +6,20 @@ tried again once the lease runs out, with the same event id. Claims take deliver
 order they fell due (``due_at``, which claims do not move), so one claimed again after a
 crash goes before the deliveries that fell due after it, and the attempt the crash cut short
 is marked ``interrupted`` in the attempt log.
+
+A delivery queued by the engine's progress transaction may skip the queue's claim: when the
+transaction carries a :class:`Handoff` from a dispatcher in the same process that has room
+(and no backlog to honour first), the delivery is written already claimed by that dispatcher,
+its first attempt's line with it, exactly as a claim would have left it, and the dispatcher
+starts it once the transaction has committed (see :func:`insert_deliveries`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -37,6 +44,7 @@ from flowhook.store.tables import (
 __all__ = [
     "DELIVERY_CHANNEL",
     "DueDelivery",
+    "Handoff",
     "insert_endpoint",
     "get_endpoint",
     "list_endpoints",
@@ -229,18 +237,86 @@ async def lock_endpoint(conn: AsyncConnection, endpoint_id: str) -> None:
         await conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
+HANDOFF = "handoff"
+"""The key of a transaction's :class:`Handoff` in ``conn.info["tx"]``."""
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A dispatcher of this process taking new deliveries straight from the transaction that
+    queues them (put it in ``conn.info["tx"][HANDOFF]``). :func:`insert_deliveries` asks
+    ``room`` before it takes each one, writes the ones taken as a claim by ``owner`` would
+    leave them (leased until ``now + lease``, one attempt counted, its line written) and
+    reads what their attempts need into ``claimed``. Only once the transaction has committed
+    may the dispatcher start them (if it rolled back, they were never written). Deliveries to
+    a FIFO endpoint are never taken: they wait their turn in the queue."""
+
+    owner: str
+    lease: timedelta
+    clock: Callable[[], datetime]
+    room: Callable[[str, int, int], bool]
+    """Whether the dispatcher takes one more delivery to an endpoint, given how many this
+    transaction took already, in all and of that endpoint."""
+    now: datetime | None = None
+    """When the deliveries taken were claimed (set as they are written)."""
+    claimed: list[DueDelivery] = field(default_factory=list)
+    taken: Counter[str] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        """Forget what an earlier try of the transaction took (it rolled back)."""
+        self.now = None
+        self.claimed = []
+        self.taken = Counter()
+
+    def takes(self, endpoint_id: str) -> bool:
+        if not self.room(endpoint_id, self.taken.total(), self.taken[endpoint_id]):
+            return False
+        self.taken[endpoint_id] += 1
+        return True
+
+
 async def insert_deliveries(
     conn: AsyncConnection, queued: Sequence[Delivery], *, fifo: Sequence[str] = ()
 ) -> None:
     """Queue deliveries; PostgreSQL listeners hear of them at commit. A delivery to an
     endpoint of ``fifo`` waits (due never, :data:`HELD`) while another of that endpoint is
-    pending: the one that ends releases the next, in event order."""
+    pending: the one that ends releases the next, in event order. With a :class:`Handoff`
+    in the transaction, the deliveries it takes are written claimed by its dispatcher
+    instead, and nobody is woken for them."""
     if not queued:
         return
     if fifo:
         queued = await _queue_in_order(conn, queued, set(fifo))
-    await bulk.insert(conn, deliveries, [d.to_row() for d in queued])
-    await _wake(conn)
+    tx = conn.info.get("tx")
+    handoff: Handoff | None = tx.get(HANDOFF) if tx is not None else None
+    rows = [d.to_row() for d in queued]
+    taken: list[str] = []
+    now: datetime | None = None
+    if handoff is not None:
+        ordered = set(fifo)
+        now = handoff.now = handoff.now or handoff.clock()
+        until = now + handoff.lease
+        for d, row in zip(queued, rows, strict=True):
+            taken_here = d.endpoint_id not in ordered and handoff.takes(d.endpoint_id)
+            if taken_here:
+                taken.append(d.id)
+            # one shape for every row: one statement
+            row["attempts"] = 1 if taken_here else 0
+            row["lease_owner"] = handoff.owner if taken_here else None
+            row["lease_expires_at"] = until if taken_here else None
+            if taken_here:
+                row["next_attempt_at"] = until
+    await bulk.insert(conn, deliveries, rows)
+    if handoff is not None and taken:
+        # every attempt is logged before it is sent, as a claim logs it
+        await bulk.insert(
+            conn,
+            delivery_attempts,
+            [{"delivery_id": i, "number": 1, "started_at": now} for i in taken],
+        )
+        handoff.claimed.extend(await _due_of(conn, taken))
+    if len(taken) < len(rows):
+        await _wake(conn)
 
 
 async def _queue_in_order(
@@ -428,16 +504,22 @@ async def claim_deliveries(
         delivery_attempts,
         [{"delivery_id": r[0], "number": r[1], "started_at": now} for r in claimed],
     )
+    return await _due_of(conn, claimed_ids)
+
+
+async def _due_of(conn: AsyncConnection, ids: Sequence[str]) -> list[DueDelivery]:
+    """What the attempts of the claimed deliveries ``ids`` need, oldest first."""
     box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
+    inline = bulk.inline_sqlite(conn)
     if inline is not None:
         found = []
-        for row in await bulk.run_raw(inline, _due_statement(), {"ids": claimed_ids}):
+        for row in await bulk.run_raw(inline, _due_statement(), {"ids": ids}):
             values = dict(zip(_DUE_NAMES, row, strict=True))
             for name in _DUE_TIMES:
                 values[name] = bulk.stored_datetime(values[name])
             found.append(DueDelivery.from_values(values, box))
         return found
-    rows = (await conn.execute(_due_statement(), {"ids": claimed_ids})).all()
+    rows = (await conn.execute(_due_statement(), {"ids": list(ids)})).all()
     return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
 

@@ -99,6 +99,9 @@ class Dispatcher(Consumer):
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
+        self._behind = True
+        """The last claim took all it could, so due deliveries may be waiting (and at start,
+        until a claim shows otherwise): no hand-off then, see :meth:`handoff`."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
             self._commit_completions,
             max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
@@ -131,16 +134,59 @@ class Dispatcher(Consumer):
                 per_endpoint=HOLD * self.per_endpoint,
                 busy_endpoints=self._endpoints_at_cap(),
             )
+        # A claim that took all it could may have left due deliveries behind: until one
+        # takes less, new deliveries queue behind them instead of being handed over.
+        self._behind = len(claimed) >= limit
         for due in claimed:
-            if due.id in self._inflight:  # pragma: no cover - leases are renewed before they end
-                log.warning("delivery %s: claimed again while still held here", due.id)
-                continue
-            self._per_endpoint[due.endpoint_id] += 1
-            if due.endpoint_id not in self._sending:
-                self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
-            self._leases[due.id] = now + self.lease
-            self._inflight[due.id] = asyncio.create_task(self._deliver(due))
+            self._hold(due, now + self.lease)
         return len(claimed)
+
+    def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
+        """Start the attempt of a delivery this process has claimed."""
+        if due.id in self._inflight:  # pragma: no cover - leases are renewed before they end
+            log.warning("delivery %s: claimed again while still held here", due.id)
+            return
+        self._per_endpoint[due.endpoint_id] += 1
+        if due.endpoint_id not in self._sending:
+            self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
+        self._leases[due.id] = lease_end
+        self._inflight[due.id] = asyncio.create_task(self._deliver(due))
+
+    def handoff(self) -> store.Handoff | None:
+        """A hand-off for a transaction of this process that queues deliveries (the engine's
+        progress): the ones it takes are written claimed by this dispatcher, and
+        :meth:`adopt` starts them once that transaction has committed, without a claim
+        transaction of their own. ``None`` while nothing may be handed over: before
+        :meth:`open`, while stopping, and while due deliveries may wait in the queue (a new
+        one must not pass them)."""
+        if self.http is None or self._stopping.is_set() or self._behind:
+            return None
+        return store.Handoff(self.owner, self.lease, self.clock.now, self._room)
+
+    def _room(self, endpoint_id: str, taken: int, taken_of_endpoint: int) -> bool:
+        """Whether one more delivery to ``endpoint_id`` fits in what this process holds, with
+        ``taken`` (``taken_of_endpoint`` of that endpoint) already handed over."""
+        fits = (
+            len(self._inflight) + taken < HOLD * self.concurrency
+            and self._per_endpoint[endpoint_id] + taken_of_endpoint < HOLD * self.per_endpoint
+        )
+        if not fits:  # it goes to the queue: the next ones queue behind it until claimed
+            self._behind = True
+        return fits
+
+    def adopt(self, handoff: store.Handoff) -> None:
+        """Start the deliveries ``handoff`` took, now that their transaction has committed.
+        Once stopping, they are left to be claimed again when their lease ends."""
+        if not handoff.claimed:
+            return
+        if self._stopping.is_set():
+            log.info("dispatcher: %d deliveries handed over while stopping; they go when their "
+                     "lease ends", len(handoff.claimed))  # fmt: skip
+            return
+        assert handoff.now is not None
+        metrics.HANDED_OVER.inc(len(handoff.claimed))
+        for due in handoff.claimed:
+            self._hold(due, handoff.now + self.lease)
 
     async def _next_due(self, conn: AsyncConnection) -> datetime | None:
         # An endpoint at its cap has due deliveries but takes none now: looking past them

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-__all__ = ["ATTEMPTS", "ATTEMPT_SECONDS", "DELIVERY_LATENCY", "record_attempt", "record_delivered"]
+__all__ = [
+    "ATTEMPTS",
+    "ATTEMPT_SECONDS",
+    "DELIVERY_LATENCY",
+    "HANDED_OVER",
+    "record_attempt",
+    "record_delivered",
+]
 
 ATTEMPTS = Counter(
     "flowhook_webhook_attempts_total",
@@ -15,6 +22,11 @@ ATTEMPT_SECONDS = Histogram(
     "flowhook_webhook_attempt_seconds",
     "Duration of webhook delivery attempts.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+HANDED_OVER = Counter(
+    "flowhook_webhook_handed_over_total",
+    "Deliveries the engine handed to the dispatcher in the transaction that queued them "
+    "(the others are claimed from the queue).",
 )
 
 
