@@ -84,6 +84,10 @@ class Consumer:
         """When the next item this consumer could claim falls due (``None``: none waits)."""
         raise NotImplementedError
 
+    def _held(self) -> int:
+        """How many items this consumer holds now (counted against ``capacity``)."""
+        return len(self._inflight)
+
     def _side_loops(self) -> dict[str, Coroutine[Any, Any, None]]:
         """Loops run beside the claim loop until ``stop``, by task name."""
         return {}
@@ -119,7 +123,7 @@ class Consumer:
 
     async def run_once(self) -> int:
         """Claim and start what is due now; how many items were claimed."""
-        free = min(self._capacity - len(self._inflight), self._claim_batch)
+        free = min(self._capacity - self._held(), self._claim_batch)
         self._last_limit = free
         if free <= 0:
             return 0

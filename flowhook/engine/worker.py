@@ -68,6 +68,8 @@ class Taker(Protocol):
 
     def adopt(self, handoff: webhooks_store.Handoff) -> None: ...
 
+    def drop(self, handoff: webhooks_store.Handoff) -> None: ...
+
 
 def new_owner_id() -> str:
     return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -159,9 +161,17 @@ class Worker(Consumer):
                 conn.info["tx"][webhooks_store.HANDOFF] = handoff
             return await runs_store.apply_progress(conn, batch, owner=self.owner)
 
-        applied = await self.db.retrying(write)
-        if taker is not None and handoff is not None:
+        if taker is None or handoff is None:
+            return await self.db.retrying(write)
+        try:
+            applied = await self.db.retrying(write)
+        except BaseException:
+            taker.drop(handoff)
+            raise
+        try:
             taker.adopt(handoff)
+        except Exception:  # committed all the same: its deliveries go when their lease ends
+            log.exception("worker: the dispatcher could not take the deliveries handed over")
         return applied
 
     def _side_loops(self) -> dict[str, Coroutine[Any, Any, None]]:

@@ -241,35 +241,43 @@ HANDOFF = "handoff"
 """The key of a transaction's :class:`Handoff` in ``conn.info["tx"]``."""
 
 
-@dataclass(slots=True)
+@dataclass(eq=False, slots=True)
 class Handoff:
     """A dispatcher of this process taking new deliveries straight from the transaction that
     queues them (put it in ``conn.info["tx"][HANDOFF]``). :func:`insert_deliveries` asks
     ``room`` before it takes each one, writes the ones taken as a claim by ``owner`` would
     leave them (leased until ``now + lease``, one attempt counted, its line written) and
     reads what their attempts need into ``claimed``. Only once the transaction has committed
-    may the dispatcher start them (if it rolled back, they were never written). Deliveries to
-    a FIFO endpoint are never taken: they wait their turn in the queue."""
+    may the dispatcher start them (if it rolled back, they were never written).
+
+    Nothing is taken past the queue: not while a due delivery waits in it (looked up in the
+    transaction, so one queued by anybody, or a retry that fell due, goes first), and once
+    ``room`` refused one, none after it in the transaction. Deliveries to a FIFO endpoint are
+    never taken: they wait their turn in the queue."""
 
     owner: str
     lease: timedelta
     clock: Callable[[], datetime]
-    room: Callable[[str, int, int], bool]
-    """Whether the dispatcher takes one more delivery to an endpoint, given how many this
-    transaction took already, in all and of that endpoint."""
+    room: Callable[[str], bool]
+    """Whether the dispatcher takes one more delivery to an endpoint (counting what this
+    hand-off took already, in :attr:`taken`)."""
     now: datetime | None = None
     """When the deliveries taken were claimed (set as they are written)."""
     claimed: list[DueDelivery] = field(default_factory=list)
     taken: Counter[str] = field(default_factory=Counter)
+    full: bool = False
+    """Something went to the queue in this transaction: the rest go behind it."""
 
     def reset(self) -> None:
         """Forget what an earlier try of the transaction took (it rolled back)."""
         self.now = None
         self.claimed = []
         self.taken = Counter()
+        self.full = False
 
     def takes(self, endpoint_id: str) -> bool:
-        if not self.room(endpoint_id, self.taken.total(), self.taken[endpoint_id]):
+        if self.full or not self.room(endpoint_id):
+            self.full = True
             return False
         self.taken[endpoint_id] += 1
         return True
@@ -293,8 +301,10 @@ async def insert_deliveries(
     taken: list[str] = []
     now: datetime | None = None
     if handoff is not None:
-        ordered = set(fifo)
         now = handoff.now = handoff.now or handoff.clock()
+        if not handoff.full and await _waiting(conn, now):
+            handoff.full = True
+        ordered = set(fifo)
         until = now + handoff.lease
         for d, row in zip(queued, rows, strict=True):
             taken_here = d.endpoint_id not in ordered and handoff.takes(d.endpoint_id)
@@ -317,6 +327,22 @@ async def insert_deliveries(
         handoff.claimed.extend(await _due_of(conn, taken))
     if len(taken) < len(rows):
         await _wake(conn)
+
+
+@cache
+def _waiting_statement() -> Any:
+    """A pending delivery due at ``now`` (one under a lease is due at its end, a FIFO
+    endpoint's held one never): the partial index on ``next_attempt_at``, one entry read."""
+    due = bindparam("now", type_=_D.next_attempt_at.type)
+    return select(_D.id).where(_DUE, _D.next_attempt_at <= due).limit(1)
+
+
+async def _waiting(conn: AsyncConnection, now: datetime) -> bool:
+    """Whether a due delivery waits in the queue at ``now``."""
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        return bool(await bulk.run_raw(inline, _waiting_statement(), {"now": now}))
+    return (await conn.execute(_waiting_statement(), {"now": now})).first() is not None
 
 
 async def _queue_in_order(

@@ -99,9 +99,8 @@ class Dispatcher(Consumer):
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
-        self._behind = True
-        """The last claim took all it could, so due deliveries may be waiting (and at start,
-        until a claim shows otherwise): no hand-off then, see :meth:`handoff`."""
+        self._handing: list[store.Handoff] = []
+        """Hand-offs whose transaction is open: what they took counts as held."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
             self._commit_completions,
             max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
@@ -125,6 +124,10 @@ class Dispatcher(Consumer):
     async def _claim(self, limit: int) -> int:
         now = self.clock.now()
         async with self.db.transaction() as conn:
+            # a hand-off may have taken some while this waited for the transaction
+            limit = min(limit, self._capacity - self._held())
+            if limit <= 0:
+                return 0
             claimed = await store.claim_deliveries(
                 conn,
                 owner=self.owner,
@@ -134,9 +137,6 @@ class Dispatcher(Consumer):
                 per_endpoint=HOLD * self.per_endpoint,
                 busy_endpoints=self._endpoints_at_cap(),
             )
-        # A claim that took all it could may have left due deliveries behind: until one
-        # takes less, new deliveries queue behind them instead of being handed over.
-        self._behind = len(claimed) >= limit
         for due in claimed:
             self._hold(due, now + self.lease)
         return len(claimed)
@@ -152,41 +152,52 @@ class Dispatcher(Consumer):
         self._leases[due.id] = lease_end
         self._inflight[due.id] = asyncio.create_task(self._deliver(due))
 
+    # -- deliveries handed over by the engine of this process ----------------------------
+
     def handoff(self) -> store.Handoff | None:
         """A hand-off for a transaction of this process that queues deliveries (the engine's
         progress): the ones it takes are written claimed by this dispatcher, and
         :meth:`adopt` starts them once that transaction has committed, without a claim
-        transaction of their own. ``None`` while nothing may be handed over: before
-        :meth:`open`, while stopping, and while due deliveries may wait in the queue (a new
-        one must not pass them)."""
-        if self.http is None or self._stopping.is_set() or self._behind:
+        transaction of their own (:meth:`drop` if it did not commit). What a hand-off took
+        counts as held until then. ``None`` before :meth:`open` and while stopping."""
+        if self.http is None or self._stopping.is_set():
             return None
-        return store.Handoff(self.owner, self.lease, self.clock.now, self._room)
+        handoff = store.Handoff(self.owner, self.lease, self.clock.now, self._room)
+        self._handing.append(handoff)
+        return handoff
 
-    def _room(self, endpoint_id: str, taken: int, taken_of_endpoint: int) -> bool:
-        """Whether one more delivery to ``endpoint_id`` fits in what this process holds, with
-        ``taken`` (``taken_of_endpoint`` of that endpoint) already handed over."""
-        fits = (
-            len(self._inflight) + taken < HOLD * self.concurrency
-            and self._per_endpoint[endpoint_id] + taken_of_endpoint < HOLD * self.per_endpoint
+    def _room(self, endpoint_id: str) -> bool:
+        """Whether one more delivery to ``endpoint_id`` fits in what this process holds."""
+        return (
+            self._held() < self._capacity and self._held_of(endpoint_id) < HOLD * self.per_endpoint
         )
-        if not fits:  # it goes to the queue: the next ones queue behind it until claimed
-            self._behind = True
-        return fits
+
+    def _held(self) -> int:
+        """Deliveries held: claimed, or taken by a hand-off whose transaction is open."""
+        return len(self._inflight) + sum(h.taken.total() for h in self._handing)
+
+    def _held_of(self, endpoint_id: str) -> int:
+        return self._per_endpoint[endpoint_id] + sum(h.taken[endpoint_id] for h in self._handing)
 
     def adopt(self, handoff: store.Handoff) -> None:
         """Start the deliveries ``handoff`` took, now that their transaction has committed.
-        Once stopping, they are left to be claimed again when their lease ends."""
+        Once stopping, they are left to be claimed again when their lease ends, as a held
+        delivery not yet sent is."""
+        self._handing.remove(handoff)
         if not handoff.claimed:
             return
         if self._stopping.is_set():
             log.info("dispatcher: %d deliveries handed over while stopping; they go when their "
                      "lease ends", len(handoff.claimed))  # fmt: skip
             return
-        assert handoff.now is not None
         metrics.HANDED_OVER.inc(len(handoff.claimed))
+        lease_end = (handoff.now or self.clock.now()) + self.lease
         for due in handoff.claimed:
-            self._hold(due, handoff.now + self.lease)
+            self._hold(due, lease_end)
+
+    def drop(self, handoff: store.Handoff) -> None:
+        """``handoff``'s transaction did not commit: it took nothing."""
+        self._handing.remove(handoff)
 
     async def _next_due(self, conn: AsyncConnection) -> datetime | None:
         # An endpoint at its cap has due deliveries but takes none now: looking past them
@@ -195,7 +206,9 @@ class Dispatcher(Consumer):
 
     def _endpoints_at_cap(self) -> list[str]:
         """Endpoints holding all the deliveries this process takes of one endpoint."""
-        return [ep for ep, n in self._per_endpoint.items() if n >= HOLD * self.per_endpoint]
+        cap = HOLD * self.per_endpoint
+        endpoints = set(self._per_endpoint).union(*(h.taken for h in self._handing))
+        return sorted(ep for ep in endpoints if self._held_of(ep) >= cap)
 
     async def _deliver(self, due: store.DueDelivery) -> None:
         try:
@@ -210,8 +223,8 @@ class Dispatcher(Consumer):
             # room (a claim after every completion found nothing most of the time, and each
             # cost a write transaction); new deliveries wake the loop themselves.
             was_full = (
-                len(self._inflight) >= HOLD * self.concurrency
-                or self._per_endpoint[due.endpoint_id] >= HOLD * self.per_endpoint
+                self._held() >= self._capacity
+                or self._held_of(due.endpoint_id) >= HOLD * self.per_endpoint
             )
             self._inflight.pop(due.id, None)
             self._per_endpoint[due.endpoint_id] -= 1

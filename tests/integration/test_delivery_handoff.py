@@ -1,34 +1,39 @@
 """Deliveries handed to the dispatcher in the transaction that queues them: written as a
 claim would leave them (leased, one attempt counted and logged), started by the dispatcher
 after the commit without a claim of their own, claimed again like any other after their
-lease when the process died before sending; never a FIFO endpoint's, never past a backlog."""
+lease when the process died before sending; never a FIFO endpoint's, never past a due
+delivery waiting in the queue, never past the dispatcher's room."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.clock import FakeClock
 from flowhook.engine.worker import Worker
+from flowhook.errors import WriteConflict
 from flowhook.events import make_event
 from flowhook.service import Principal, Services
 from flowhook.store import events as events_store
+from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import DeliveryStatus
 from flowhook.store.tables import deliveries, delivery_attempts
 from flowhook.webhooks import metrics
-from flowhook.webhooks.dispatcher import Dispatcher
+from flowhook.webhooks.dispatcher import HOLD, Dispatcher
 from tests.conftest import Receiver
-from tests.integration.test_dispatcher import dispatcher, setup
+from tests.integration.test_dispatcher import dispatcher, raise_event, setup
 
 LEASE = timedelta(seconds=30)
 FLOW = {
-    "name": "three transforms",
+    "name": "two transforms",
     "steps": [
         {"id": "a", "type": "transform", "output": {"x": "{{ payload.n + 1 }}"}},
         {"id": "b", "type": "transform", "output": {"y": "{{ steps.a.output.x * 2 }}"}},
@@ -37,9 +42,16 @@ FLOW = {
 }
 
 
-def handoff(clock: FakeClock, room: int) -> store.Handoff:
-    """A hand-off that takes ``room`` deliveries in all."""
-    return store.Handoff("d1", LEASE, clock.now, lambda _ep, taken, _of: taken < room)
+def handoff(clock: FakeClock, room: int, *, later: float = 0.0) -> store.Handoff:
+    """A hand-off that takes ``room`` deliveries in all, claiming ``later`` seconds after
+    the clock's time (when its events were made)."""
+    h: store.Handoff
+
+    def fits(_endpoint: str) -> bool:
+        return h.taken.total() < room
+
+    h = store.Handoff("d1", LEASE, lambda: clock.now() + timedelta(seconds=later), fits)
+    return h
 
 
 async def raise_with(db: Database, who: Principal, clock: FakeClock, h: store.Handoff) -> None:
@@ -48,7 +60,7 @@ async def raise_with(db: Database, who: Principal, clock: FakeClock, h: store.Ha
         await raise_event_in(conn, who, clock)
 
 
-async def raise_event_in(conn: Any, who: Principal, clock: FakeClock) -> None:
+async def raise_event_in(conn: AsyncConnection, who: Principal, clock: FakeClock) -> None:
     event = make_event(
         "flow.completed", workspace_id=who.workspace_id, mode=who.mode,
         flow_id="wf_x", run_id="run_x", payload={"i": 1}, now=clock.now(),
@@ -57,14 +69,18 @@ async def raise_event_in(conn: Any, who: Principal, clock: FakeClock) -> None:
 
 
 async def rows(db: Database) -> list[tuple[Any, list[Any]]]:
-    """Every delivery with its attempt lines."""
+    """Every delivery with its attempt lines, oldest first."""
     async with db.read() as conn:
-        found = (await conn.execute(select(deliveries))).all()
+        found = (await conn.execute(select(deliveries).order_by(deliveries.c.id))).all()
         lines = (await conn.execute(select(delivery_attempts))).all()
     by_delivery: dict[str, list[Any]] = {}
     for line in lines:
         by_delivery.setdefault(line.delivery_id, []).append(line)
-    return [(r, by_delivery.get(r.id, [])) for r in found]
+    return [(r, sorted(by_delivery.get(r.id, []), key=lambda x: x.number)) for r in found]
+
+
+def naive(value: Any) -> Any:
+    return value.replace(tzinfo=None)
 
 
 async def test_taken_deliveries_are_written_claimed_the_rest_queued(
@@ -72,26 +88,29 @@ async def test_taken_deliveries_are_written_claimed_the_rest_queued(
 ) -> None:
     clock = FakeClock()
     who, (a, b, c) = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
-    h = handoff(clock, room=2)
+    made = clock.now()
+    h = handoff(clock, room=2, later=1.0)
     db.wakeups["deliveries"].clear()
     await raise_with(db, who, clock, h)
 
-    assert len(h.claimed) == 2 and h.now == clock.now()
+    claimed_at = made + timedelta(seconds=1)
+    assert len(h.claimed) == 2 and h.now == claimed_at
     assert all(d.attempts == 1 and d.url and d.body and d.secret for d in h.claimed)
     written = {r.endpoint_id: (r, lines) for r, lines in await rows(db)}
     taken = {d.endpoint_id for d in h.claimed}
     [queued] = {a, b, c} - taken
-    for ep in taken:
+    for ep in taken:  # as claim_deliveries leaves a delivery it claims
         row, lines = written[ep]
         assert (row.status, row.attempts, row.lease_owner) == ("pending", 1, "d1")
-        assert row.next_attempt_at.replace(tzinfo=None) == (clock.now() + LEASE).replace(
-            tzinfo=None
-        )
-        assert row.due_at.replace(tzinfo=None) == clock.now().replace(tzinfo=None)
-        [line] = lines  # logged before it is sent, as a claim logs it
-        assert (line.number, line.finished_at, line.error_class) == (1, None, None)
+        assert naive(row.next_attempt_at) == naive(row.lease_expires_at)
+        assert naive(row.lease_expires_at) == naive(claimed_at + LEASE)
+        assert naive(row.due_at) == naive(made)  # when it fell due: a claim leaves it
+        [line] = lines  # logged before it is sent
+        assert (line.number, naive(line.started_at)) == (1, naive(claimed_at))
+        assert (line.finished_at, line.error_class) == (None, None)
     row, lines = written[queued]
     assert (row.attempts, row.lease_owner, lines) == (0, None, [])
+    assert naive(row.next_attempt_at) == naive(made)
     assert await db.wakeups["deliveries"].wait(0)  # woken for the one left in the queue
 
     # A claim now finds only the queued one: the others are under the hand-off's lease.
@@ -103,10 +122,31 @@ async def test_taken_deliveries_are_written_claimed_the_rest_queued(
     assert [d.endpoint_id for d in claimed] == [queued]
 
 
+async def test_nothing_is_taken_while_a_due_delivery_waits_in_the_queue(
+    services: Services, db: Database
+) -> None:
+    clock = FakeClock()
+    who, _ = await setup(services, clock, ["http://127.0.0.1:9/a"])
+    await raise_event(db, who, clock)  # queued, due now, nobody claimed it yet
+    h = handoff(clock, room=10)
+    await raise_with(db, who, clock, h)
+    assert h.claimed == []
+    assert [(r.attempts, r.lease_owner) for r, _ in await rows(db)] == [(0, None)] * 2
+
+    now = clock.now()  # once the queue is claimed, new ones are taken again
+    async with db.transaction() as conn:
+        await store.claim_deliveries(
+            conn, owner="d2", now=now, lease_until=now + LEASE, limit=10, per_endpoint=8
+        )
+    again = handoff(clock, room=10)
+    await raise_with(db, who, clock, again)
+    assert len(again.claimed) == 1
+
+
 async def test_a_handed_over_delivery_never_sent_is_claimed_again_after_its_lease(
     services: Services, db: Database, receiver: Receiver
 ) -> None:
-    """The process died after the commit, before the dispatcher sent it: another process
+    """The process died after the commit, before its dispatcher sent it: another process
     claims it when the lease ends, as attempt 2, and marks attempt 1 interrupted."""
     clock = FakeClock()
     who, _ = await setup(services, clock, [receiver.url])
@@ -114,7 +154,9 @@ async def test_a_handed_over_delivery_never_sent_is_claimed_again_after_its_leas
     await raise_with(db, who, clock, h)
     [handed] = h.claimed  # ... and never adopted: the process is gone
 
-    other = dispatcher(db, clock)
+    other = Dispatcher(
+        db, clock, db.wakeups["deliveries"], owner="d2", allow_private_targets=True, timeout=2.0
+    )
     await other.open()
     try:
         assert await other.run_once() == 0  # leased
@@ -125,10 +167,7 @@ async def test_a_handed_over_delivery_never_sent_is_claimed_again_after_its_leas
         await other.stop()
     [(row, lines)] = await rows(db)
     assert (row.id, row.status, row.attempts) == (handed.id, "succeeded", 2)
-    assert [(x.number, x.error_class) for x in sorted(lines, key=lambda x: x.number)] == [
-        (1, store.INTERRUPTED),
-        (2, None),
-    ]
+    assert [(x.number, x.error_class) for x in lines] == [(1, store.INTERRUPTED), (2, None)]
     assert len(receiver.of("flow.completed")) == 1
 
 
@@ -143,9 +182,11 @@ async def test_fifo_endpoints_are_never_handed_over(services: Services, db: Data
     assert (row.attempts, row.lease_owner, lines) == (0, None, [])
 
 
-async def _run_flow(
+async def _worker(
     services: Services, db: Database, clock: FakeClock, receiver: Receiver, n: int
-) -> tuple[Worker, Dispatcher, Principal]:
+) -> tuple[Worker, Dispatcher]:
+    """``n`` runs queued, a worker that hands their deliveries to a dispatcher (not
+    claiming: the tests drive it)."""
     services.runs._clock = clock  # type: ignore[attr-defined]
     who, _ = await setup(services, clock, [receiver.url])
     flow = await services.flows.create(who, FLOW)
@@ -155,7 +196,7 @@ async def _run_flow(
     worker = Worker(db, clock, services.wakeup, owner="d1")
     worker.dispatcher = d
     await d.open()
-    return worker, d, who
+    return worker, d
 
 
 def _counting_claims(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -163,7 +204,7 @@ def _counting_claims(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
     real = store.claim_deliveries
 
-    async def claim(conn: Any, **kw: Any) -> Sequence[store.DueDelivery]:
+    async def claim(conn: AsyncConnection, **kw: Any) -> Sequence[store.DueDelivery]:
         found = await real(conn, **kw)
         counts.append(len(found))
         return found
@@ -176,86 +217,129 @@ async def test_the_engine_hands_its_runs_deliveries_to_the_dispatcher(
     services: Services, db: Database, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = FakeClock()
-    worker, d, _ = await _run_flow(services, db, clock, receiver, n=3)
+    worker, d = await _worker(services, db, clock, receiver, n=3)
     claims = _counting_claims(monkeypatch)
+    before = metrics.HANDED_OVER._value.get()
     try:
-        assert await d.run_once() == 0  # the queue is empty: no backlog to honour
-        before = metrics.HANDED_OVER._value.get()
         assert await worker.run_once() == 3
         await worker.drain()
-        await d.drain()
+        await d.drain()  # nothing claims them: they were sent because they were handed over
     finally:
         await worker.stop()
         await d.stop()
-    assert claims == [0]  # only the one above: the three were never claimed
+    assert claims == []
     assert metrics.HANDED_OVER._value.get() - before == 3
     assert len(receiver.of("flow.completed")) == 3
-    written = await rows(db)
-    assert [(r.status, r.attempts) for r, _ in written] == [(str(DeliveryStatus.SUCCEEDED), 1)] * 3
+    assert [(r.status, r.attempts) for r, _ in await rows(db)] == [("succeeded", 1)] * 3
 
 
-async def test_no_hand_over_while_the_queue_may_hold_due_deliveries(
+async def test_a_progress_write_tried_again_hands_over_only_what_it_committed(
     services: Services, db: Database, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A dispatcher that has not yet claimed (or whose last claim was full) may have due
-    deliveries waiting: new ones queue behind them."""
+    """A conflict rolls the first try back after its deliveries were taken; the second
+    try's are the ones started, each once."""
     clock = FakeClock()
-    worker, d, _ = await _run_flow(services, db, clock, receiver, n=2)
-    claims = _counting_claims(monkeypatch)
+    worker, d = await _worker(services, db, clock, receiver, n=2)
+    real = runs_store.apply_progress
+    tries: list[int] = []
+
+    async def conflicting(
+        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+    ) -> list[bool]:
+        applied = await real(conn, items, owner=owner)
+        tries.append(len(conn.info["tx"][store.HANDOFF].claimed))
+        if len(tries) == 1:
+            raise WriteConflict("the first try loses")
+        return applied
+
+    monkeypatch.setattr(runs_store, "apply_progress", conflicting)
     try:
-        assert d.handoff() is None  # nothing claimed yet
         assert await worker.run_once() == 2
         await worker.drain()
-        assert await d.run_once() == 2  # queued, so claimed
         await d.drain()
     finally:
         await worker.stop()
         await d.stop()
-    assert claims == [2]
+    assert tries[0] > 0 and sum(tries[1:]) == 2
+    assert d._handing == []
     assert len(receiver.of("flow.completed")) == 2
+    assert [(r.status, r.attempts, len(lines)) for r, lines in await rows(db)] == [
+        ("succeeded", 1, 1)
+    ] * 2
+
+
+async def test_a_progress_write_that_fails_gives_back_what_it_took(
+    services: Services, db: Database, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    worker, d = await _worker(services, db, clock, receiver, n=1)
+    real = runs_store.apply_progress
+
+    async def failing(
+        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+    ) -> list[bool]:
+        await real(conn, items, owner=owner)
+        assert d._held() == 1  # taken, not yet started: counted against the room
+        raise RuntimeError("this progress cannot be stored")
+
+    monkeypatch.setattr(runs_store, "apply_progress", failing)
+    try:
+        assert await worker.run_once() == 1
+        await worker.drain()
+    finally:
+        await worker.stop()
+        await d.stop()
+    assert (d._handing, d._held(), await rows(db)) == ([], 0, [])
 
 
 async def test_no_hand_over_past_the_dispatchers_room(
     services: Services, db: Database, receiver: Receiver
 ) -> None:
+    """Two endpoints, 2 request slots, 1 per endpoint: it holds 4 of an endpoint and 8 in
+    all; what a hand-off took counts until it is started, and the rest wait in the queue
+    (and so does everything after the first that did not fit)."""
     clock = FakeClock()
-    who, _ = await setup(services, clock, [receiver.url])
-    d = dispatcher(db, clock, concurrency=1, per_endpoint=1)
+    who, (a, b) = await setup(services, clock, [receiver.url + "/a", receiver.url + "/b"])
+    d = dispatcher(db, clock, concurrency=2, per_endpoint=1)
     await d.open()
     try:
-        assert await d.run_once() == 0
         h = d.handoff()
         assert h is not None
         async with db.transaction() as conn:
             conn.info["tx"][store.HANDOFF] = h
-            for _ in range(6):
+            for _ in range(3):
+                await raise_event_in(conn, who, clock)  # one delivery to each endpoint
+            assert d._held() == 6 and d._endpoints_at_cap() == []
+            for _ in range(3):
                 await raise_event_in(conn, who, clock)
-        assert len(h.claimed) == 4  # HOLD × per_endpoint
-        assert d.handoff() is None  # some went to the queue: later ones go behind them
+        assert Counter(x.endpoint_id for x in h.claimed) == {a: HOLD, b: HOLD}
+        assert d._held() == 2 * HOLD and d._endpoints_at_cap() == [a, b]
+        assert await d.run_once() == 0  # full: the 4 queued wait
         d.adopt(h)
         await d.drain()
-        assert await d.run_once() == 2
+        assert await d.run_once() == 4
         await d.drain()
     finally:
         await d.stop()
-    assert len(receiver.of("flow.completed")) == 6
+    assert len(receiver.of("flow.completed")) == 12
     assert {r.status for r, _ in await rows(db)} == {str(DeliveryStatus.SUCCEEDED)}
 
 
-async def test_a_stopping_dispatcher_adopts_nothing(
+async def test_a_stopping_dispatcher_leaves_what_was_handed_over_to_the_lease(
     services: Services, db: Database, receiver: Receiver
 ) -> None:
+    """Handed over, committed after the dispatcher began to stop: nothing is sent here; the
+    delivery is held under its lease like one claimed and not yet sent, and goes when the
+    lease ends."""
     clock = FakeClock()
     who, _ = await setup(services, clock, [receiver.url])
     d = dispatcher(db, clock)
     await d.open()
-    assert await d.run_once() == 0
     h = d.handoff()
     assert h is not None
     await raise_with(db, who, clock, h)
     await d.stop()
-    d.adopt(h)  # committed while it stopped: left to the claim after the lease
-    assert d._inflight == {}
-    assert receiver.requests == []
+    d.adopt(h)
+    assert (d._inflight, d._handing, receiver.requests) == ({}, [], [])
     [(row, _)] = await rows(db)
     assert (row.status, row.lease_owner) == ("pending", "d1")
