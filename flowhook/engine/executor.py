@@ -786,7 +786,7 @@ class Executor:
     def _record(self, state: _InFlight, record: RunStep) -> None:
         """A step's final record (completed or failed), its event, and what later steps see
         of it."""
-        metrics.STEP_SECONDS.labels(type=record.type, status=str(record.status)).observe(
+        metrics.step_seconds(record.type, str(record.status)).observe(
             (record.duration_ms or 0) / 1000
         )
         state.pending.steps.append(record)
@@ -1440,7 +1440,7 @@ class Executor:
             changes = (runs_store.StatusChange(RunStatus.RUNNING, {}), *changes)
         await self._write(run, changes, pending.steps, pending.events)
         if run.root_run_id is None:
-            metrics.RUNS_FINISHED.labels(status=str(status)).inc()
+            metrics.finished(str(status)).inc()
         run.status = status
         return status
 
@@ -1473,7 +1473,7 @@ class Executor:
             pending.events.append(cancelled_event(run, now))
         await self._write(run, (cancel,), pending.steps, pending.events)
         if run.root_run_id is None:
-            metrics.RUNS_FINISHED.labels(status="cancelled").inc()
+            metrics.finished("cancelled").inc()
         return RunStatus.CANCELLED
 
 

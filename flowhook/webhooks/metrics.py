@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 __all__ = [
@@ -30,6 +33,12 @@ HANDED_OVER = Counter(
 )
 
 
+@cache
+def _attempts(outcome: str) -> Any:
+    """``ATTEMPTS`` of one outcome (looked up once: see ``engine/metrics.py``)."""
+    return ATTEMPTS.labels(outcome=outcome)
+
+
 OUTCOMES = frozenset(
     {"delivered", "redirect", "throttled", "http_4xx", "http_5xx", "destination_blocked",
      "timeout", "dns", "tls", "connection", "invalid_request"}
@@ -38,7 +47,7 @@ OUTCOMES = frozenset(
 
 
 def record_attempt(outcome: str, duration_ms: int) -> None:
-    ATTEMPTS.labels(outcome=outcome if outcome in OUTCOMES else "other").inc()
+    _attempts(outcome if outcome in OUTCOMES else "other").inc()
     ATTEMPT_SECONDS.observe(duration_ms / 1000)
 
 
