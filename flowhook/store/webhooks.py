@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
+import orjson
 from sqlalchemy import Integer, bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -208,7 +209,25 @@ async def subscribers(
     conn: AsyncConnection, workspace_id: str, mode: Mode, event_types: Sequence[str]
 ) -> list[Subscriber]:
     """Every enabled endpoint that chose one of the types, once per type it chose."""
-    q = (
+    params = {"workspace_id": workspace_id, "mode": str(mode), "events": sorted(set(event_types))}
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:  # in every transaction that writes events: straight to sqlite3
+        return [
+            Subscriber(ep, event, None if flows is None else orjson.loads(flows), order == FIFO)
+            for ep, event, flows, order in await bulk.run_raw(
+                inline, _subscribers_statement(), params
+            )
+        ]
+    return [
+        Subscriber(r.endpoint_id, r.event, r.filter_flow_ids, r.ordering == FIFO)
+        for r in (await conn.execute(_subscribers_statement(), params)).all()
+    ]
+
+
+@cache
+def _subscribers_statement() -> Any:
+    """:func:`subscribers`' query, built once: its values are bound parameters."""
+    return (
         select(
             endpoint_events.c.endpoint_id,
             endpoint_events.c.event,
@@ -217,16 +236,12 @@ async def subscribers(
         )
         .join(webhook_endpoints, _EP.id == endpoint_events.c.endpoint_id)
         .where(
-            _EP.workspace_id == workspace_id,
-            _EP.mode == str(mode),
+            _EP.workspace_id == bindparam("workspace_id", type_=_EP.workspace_id.type),
+            _EP.mode == bindparam("mode", type_=_EP.mode.type),
             _EP.enabled.is_(True),
-            endpoint_events.c.event.in_(list(set(event_types))),
+            endpoint_events.c.event.in_(bindparam("events", expanding=True)),
         )
     )
-    return [
-        Subscriber(r.endpoint_id, r.event, r.filter_flow_ids, r.ordering == FIFO)
-        for r in (await conn.execute(q)).all()
-    ]
 
 
 async def lock_endpoint(conn: AsyncConnection, endpoint_id: str) -> None:
