@@ -103,23 +103,23 @@ def _flow(row: Any) -> Flow:
     return from_row(Flow, row, {"mode": Mode})
 
 
+def _current_versions() -> Any:
+    """Flows with their current version's columns (:data:`_FLOW_COLUMNS`)."""
+    return select(*_FLOW_COLUMNS).join(
+        flow_versions,
+        (flow_versions.c.flow_id == flows.c.flow_id) & (flow_versions.c.version == flows.c.version),
+    )
+
+
 @cache
 def _current_statement() -> Any:
     """A flow's current version, not archived, if the workspace and mode own it: the query
     of :func:`get_flow` that accepting a run makes, built once with bound values."""
-    return (
-        select(*_FLOW_COLUMNS)
-        .join(
-            flow_versions,
-            (flow_versions.c.flow_id == flows.c.flow_id)
-            & (flow_versions.c.version == flows.c.version),
-        )
-        .where(
-            flows.c.flow_id == bindparam("flow_id", type_=flows.c.flow_id.type),
-            flows.c.workspace_id == bindparam("workspace_id", type_=flows.c.workspace_id.type),
-            flows.c.mode == bindparam("mode", type_=flows.c.mode.type),
-            flows.c.archived_at.is_(None),
-        )
+    return _current_versions().where(
+        flows.c.flow_id == bindparam("flow_id", type_=flows.c.flow_id.type),
+        flows.c.workspace_id == bindparam("workspace_id", type_=flows.c.workspace_id.type),
+        flows.c.mode == bindparam("mode", type_=flows.c.mode.type),
+        flows.c.archived_at.is_(None),
     )
 
 
@@ -163,12 +163,7 @@ async def list_flows(
 ) -> list[Flow]:
     """Current versions, newest flow first; ``after`` is the last flow id of the page before."""
     q = (
-        select(*_FLOW_COLUMNS)
-        .join(
-            flow_versions,
-            (flow_versions.c.flow_id == flows.c.flow_id)
-            & (flow_versions.c.version == flows.c.version),
-        )
+        _current_versions()
         .where(
             flows.c.workspace_id == workspace_id,
             flows.c.mode == str(mode),
