@@ -9,9 +9,10 @@
 - on SQLite (incremental auto-vacuum) the pages this freed are given back to the file
   system, a few at a time.
 
-On SQLite each transaction is followed by a passive WAL checkpoint on a thread of its own
-(:class:`~flowhook.store.space.Checkpointer`), so the automatic checkpoints that SQLite runs
-inside commits (the API's among them) find little left to copy while a pass fills the WAL.
+On SQLite the WAL is checkpointed by SQLite itself, inside the commit that takes it past
+1,000 pages. A passive checkpoint on a thread after each batch was tried (2026-11-25) and
+taken out: pruning a million runs, it left some batches' commits taking 100–311 ms (12 ms
+at most without it) and stalled the pass's event loop for up to 325 ms (bench/README.md).
 
 Everything goes in short transactions (:data:`BATCH` runs, :data:`VACUUM_STEP` pages), with a
 pause after each as long as it took, so API writes waiting for the single SQLite writer (or,
@@ -79,26 +80,16 @@ class RetentionService:
         days = self._days if days is None else days
         now = self._clock.now()
         before = now - timedelta(days=days)
+        runs = await self._batches(lambda c: store.prune_batch(c, before, BATCH), BATCH)
+        signals = await self._batches(lambda c: store.prune_signals(c, before, BATCH), BATCH)
         cleared_before = now - timedelta(days=min(self._delivery_days, days))
-        checkpoint = space.Checkpointer(self._db)
-        try:
-            runs = await self._batches(
-                lambda c: store.prune_batch(c, before, BATCH), BATCH, checkpoint
-            )
-            signals = await self._batches(
-                lambda c: store.prune_signals(c, before, BATCH), BATCH, checkpoint
-            )
-            cleared = await self._batches(
-                lambda c: store.clear_delivered(c, cleared_before, before, CLEAR_BATCH),
-                CLEAR_BATCH,
-                checkpoint,
-            )
-            freed = await self.give_back(checkpoint)
-        finally:
-            await asyncio.to_thread(checkpoint.close)
+        cleared = await self._batches(
+            lambda c: store.clear_delivered(c, cleared_before, before, CLEAR_BATCH), CLEAR_BATCH
+        )
+        freed = await self.give_back()
         return Pruned(runs, signals, cleared, freed)
 
-    async def give_back(self, checkpoint: space.Checkpointer | None = None) -> int:
+    async def give_back(self) -> int:
         """SQLite with incremental auto-vacuum: give every free page back to the file
         system, :data:`VACUUM_STEP` at a time; how many went. Elsewhere nothing."""
         if not self._db.is_sqlite:
@@ -121,8 +112,6 @@ class RetentionService:
         while left:
             began = time.perf_counter()
             now_left = await space.free_pages(self._db, VACUUM_STEP)
-            if checkpoint is not None:
-                await checkpoint()
             freed += max(0, left - now_left)
             if now_left >= left:  # nothing moved (another writer keeps adding free pages)
                 break
@@ -130,14 +119,12 @@ class RetentionService:
             await asyncio.sleep(max(MIN_PAUSE, time.perf_counter() - began))
         return freed
 
-    async def _batches(self, step: store.Step, size: int, checkpoint: space.Checkpointer) -> int:
+    async def _batches(self, step: store.Step, size: int) -> int:
         total = 0
         while True:
             began = time.perf_counter()
             async with self._db.transaction() as conn:
                 done = await step(conn)
-            if done:
-                await checkpoint()
             total += done
             if done < size:
                 return total

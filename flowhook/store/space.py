@@ -32,7 +32,6 @@ __all__ = [
     "free_pages",
     "auto_vacuum_mode",
     "convert_to_incremental",
-    "Checkpointer",
     "INCREMENTAL",
 ]
 
@@ -134,47 +133,3 @@ async def convert_to_incremental(db: Database) -> tuple[bool, float]:
         sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         sqlite.execute("PRAGMA busy_timeout=0")
     return converted, time.perf_counter() - began
-
-
-class Checkpointer:
-    """SQLite: copies what the WAL holds into the database file on a thread of its own, for a
-    long pass of deletes (retention). Elsewhere calling it does nothing.
-
-    Every SQLite connection checkpoints by itself in the commit that takes the WAL past 1,000
-    pages, on the committing thread: on the inline driver that is the event loop of whichever
-    process committed (the API's, the engine's, or retention's), held while the pages are
-    copied and the file synced. A pass of deletes fills the WAL quickly, so those automatic
-    checkpoints come often and copy much. Called after each of the pass's transactions, this
-    keeps the WAL short, so an automatic one finds little left to copy. A passive checkpoint:
-    it waits for no reader or writer and copies what it can; a busy answer (another
-    checkpoint running) is left for the next call."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-        self._raw: sqlite3.Connection | None = None
-        self._path: str | None = None
-
-    async def __call__(self) -> None:
-        if not self._db.is_sqlite:
-            return
-        if self._path is None:
-            async with self._db.read() as conn:
-                rows = (await conn.execute(text("PRAGMA database_list"))).all()
-            self._path = next((str(r[2] or "") for r in rows if r[1] == "main"), "")
-        if self._path:  # not an in-memory database
-            await asyncio.to_thread(self._checkpoint)
-
-    def _checkpoint(self) -> None:
-        if self._raw is None:
-            # Used by one thread at a time (each call is awaited), not always the same one.
-            self._raw = sqlite3.connect(self._path or "", check_same_thread=False, timeout=0)
-        try:
-            self._raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.OperationalError as exc:
-            if not sqlite_inline.is_busy(exc):
-                raise
-
-    def close(self) -> None:
-        if self._raw is not None:
-            self._raw.close()
-            self._raw = None

@@ -235,33 +235,3 @@ async def test_vacuum_converts_an_older_sqlite_database_once(tmp_path: Path) -> 
         assert (await space.convert_to_incremental(db))[0] is False  # once only
     finally:
         await db.dispose()
-
-
-async def test_checkpointer_copies_the_wal_into_the_database_file(tmp_path: Path) -> None:
-    """Retention's checkpoint after each batch (``space.Checkpointer``): what the WAL holds
-    reaches the database file, from a thread and a connection of its own, while the WAL is
-    still too short for SQLite's automatic checkpoint (1,000 pages) to have done it."""
-    from sqlalchemy import text
-
-    path = tmp_path / "c.db"
-    db = Database(f"sqlite:///{path}")
-    checkpoint = space.Checkpointer(db)
-    try:
-        async with db.transaction() as conn:
-            await conn.execute(text("CREATE TABLE t (x BLOB)"))
-        await checkpoint()
-        async with db.transaction() as conn:  # ~300 pages, all in the WAL
-            await conn.execute(
-                text(
-                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)"
-                    " INSERT INTO t SELECT randomblob(4000) FROM n"
-                )
-            )
-        before = path.stat().st_size
-        assert Path(f"{path}-wal").stat().st_size > 1_000_000
-        await checkpoint()
-        assert path.stat().st_size >= before + 1_000_000
-        await checkpoint()  # again: nothing left to copy, no error
-    finally:
-        await asyncio.to_thread(checkpoint.close)
-        await db.dispose()
