@@ -53,6 +53,12 @@ HOLD = 4
 """Deliveries held per request slot (see the module's docstring)."""
 CLAIM_BATCH = 64
 """At most this many deliveries per claim: the per-endpoint ranking sorts twice as many."""
+LATE = 0.05
+"""Seconds a rate-limited delivery may wake after its slot and still take it: past that it
+reserves a new slot (see ``Dispatcher._paced``). Any second then holds at most
+``rate_limit * (1 + LATE)`` sends, and ordinary timer jitter never costs a slot."""
+REPACE = 2
+"""How many new slots a rate-limited delivery that keeps waking late reserves before it goes."""
 COMPLETION_GATHER = 0.005
 """Seconds the completion writer waits before each transaction, gathering completions. The
 webhook has been sent by then; this only delays freeing its slot, and it turned ~one write
@@ -273,12 +279,21 @@ class Dispatcher(Consumer):
 
     async def _paced(self, due: store.DueDelivery) -> None:
         """Reserve this delivery's send time on its endpoint's shared schedule (at most
-        ``rate_limit`` a second across every process) and sleep until then."""
-        async with self.db.transaction() as conn:
-            slot = await store.reserve_send(conn, due.endpoint_id, self.clock.now())
-        wait = (slot - self.clock.now()).total_seconds()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        ``rate_limit`` a second across every process) and sleep until then.
+
+        A delivery that comes to its send more than ``LATE`` after its slot (the process
+        stalled while it slept, or the reservation's commit was slow) reserves a new one:
+        otherwise every delivery whose slot fell in a stall would go out at once, more than
+        ``rate_limit`` in a second. It does so at most ``REPACE`` times, so a process that
+        keeps stalling still sends."""
+        for _ in range(1 + REPACE):
+            async with self.db.transaction() as conn:
+                slot = await store.reserve_send(conn, due.endpoint_id, self.clock.now())
+            wait = (slot - self.clock.now()).total_seconds()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if (self.clock.now() - slot).total_seconds() <= LATE:
+                return
 
     def _undeliverable(self, due: store.DueDelivery, number: int) -> store.Completion:
         """The failed attempt of a delivery whose endpoint was deleted or disabled."""

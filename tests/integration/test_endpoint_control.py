@@ -6,19 +6,25 @@ that lifts FIFO."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from sqlalchemy import select, update
 
+from flowhook.clock import SystemClock
 from flowhook.events import make_event
 from flowhook.ids import new_id
+from flowhook.service import Services
 from flowhook.store import events as events_store
 from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import Delivery, Mode
 from flowhook.store.tables import deliveries
+from flowhook.store.wakeup import Wakeup
+from flowhook.webhooks.dispatcher import LATE, Dispatcher
 from tests.conftest import Api, Receiver
 from tests.integration.test_webhooks import FLOW, until
 
@@ -113,6 +119,43 @@ async def test_a_rate_limit_spreads_deliveries(api: Api, receiver: Receiver) -> 
     for i in range(10, len(times)):  # slots 0.1 s apart; a busy loop may send one late
         assert times[i] - times[i - 10] >= 1.0 - 0.1, times
     assert times[-1] - times[0] >= 1.4 - 0.1, times
+
+
+async def test_a_stall_does_not_let_the_slots_it_missed_go_at_once(
+    services: Services, db: Database
+) -> None:
+    """Paced deliveries asleep for their slots when the process stalls half a second: the
+    ones that wake more than ``LATE`` after their slot take new slots, so after the stall
+    they still go 1 / rate_limit apart, never in a burst (as they did before)."""
+    who = await services.keys.authenticate(
+        f"Bearer {(await services.keys.create(Mode.TEST, 'ws')).key}"
+    )
+    ep = await services.webhooks.create_endpoint(
+        who, url="http://127.0.0.1:9/", events=["flow.completed"], rate_limit=10
+    )
+    d = Dispatcher(db, SystemClock(), Wakeup(), owner="d1")
+    due = webhooks_store.DueDelivery(
+        id="dlv_x", event_id="evt_x", event_type="flow.completed", endpoint_id=ep.id,
+        attempts=1, body=b"{}", url=ep.url, enabled=True, secret="s", previous_secret=None,
+        previous_secret_expires_at=None, failing_since=None, created_at=datetime.now(UTC), rate_limit=10,
+    )  # fmt: skip
+    went: list[float] = []
+
+    async def paced() -> None:
+        await d._paced(due)
+        went.append(time.monotonic())
+
+    started = time.monotonic()
+    tasks = [asyncio.create_task(paced()) for _ in range(8)]  # slots 0, 0.1, ..., 0.7 s
+    while not went:
+        await asyncio.sleep(0.005)
+    while time.monotonic() - started < 0.05:
+        await asyncio.sleep(0.005)
+    time.sleep(0.52)  # the stall: slots 0.1-0.4 s pass while the loop is blocked
+    await asyncio.gather(*tasks)
+    gaps = [b - a for a, b in itertools.pairwise(sorted(went))]
+    assert min(gaps) >= 0.1 - LATE - 0.01, gaps  # before: four went within a millisecond
+    assert sorted(went)[-1] - started >= 1.0, went  # four slots were taken again, at the end
 
 
 async def test_bad_controls_answer_400_naming_the_field(api: Api, receiver: Receiver) -> None:
