@@ -165,10 +165,12 @@ def _files(url: str) -> int:
 async def prune_under_load(server: Server) -> Figures:
     """Prune everything here while a client asks the server; see the module's docstring."""
     from flowhook.clock import SystemClock
+    from flowhook.gctune import tune_for_server
     from flowhook.service.retention import RetentionService
     from flowhook.store import space
     from flowhook.store.db import Database
 
+    tune_for_server()  # as in `serve`'s engine process and `flowhook prune`
     url = server.database_url
     db = Database(url, secret_key=secret_key_for(url))
     async with db.read() as conn:

@@ -346,6 +346,7 @@ def prune(
     their history; delivered events' bodies older than FLOWHOOK_DELIVERY_RETENTION_DAYS; then,
     on SQLite, give the freed pages back to the file system."""
     settings = _settings(database_url=database_url)
+    tune_for_server()  # a full collection mid-batch would hold the writer for its length
 
     async def work(db: Database) -> Any:
         from flowhook.service.retention import RetentionService

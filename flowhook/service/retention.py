@@ -14,10 +14,12 @@ On SQLite the WAL is checkpointed by SQLite itself, inside the commit that takes
 taken out: pruning a million runs, it left some batches' commits taking 100–311 ms (12 ms
 at most without it) and stalled the pass's event loop for up to 325 ms (bench/README.md).
 
-Everything goes in short transactions (:data:`BATCH` runs, :data:`VACUUM_STEP` pages), with a
-pause after each as long as it took, so API writes waiting for the single SQLite writer (or,
-on the inline driver, for the event loop) get their turn in between: each step held it for
-well under 50 ms in ``bench/growth.py --prune``.
+Everything goes in short transactions (at most :data:`BATCH` runs, :data:`VACUUM_STEP` pages),
+with a pause after each as long as it took, so API writes waiting for the single SQLite writer
+(or, on the inline driver, for the event loop) get their turn in between. On SQLite each
+transaction aims to hold the writer for :data:`TARGET`: the next batch is sized by how long
+the last one held it, so runs with many rows (a ``map`` over thousands of items) or a slow
+disk make the batches smaller instead of blocking the API for longer.
 """
 
 from __future__ import annotations
@@ -33,7 +35,15 @@ from flowhook.store import retention as store
 from flowhook.store import space
 from flowhook.store.db import Database
 
-__all__ = ["RetentionService", "Pruned", "BATCH", "CLEAR_BATCH", "VACUUM_STEP"]
+__all__ = [
+    "RetentionService",
+    "Pruned",
+    "BATCH",
+    "CLEAR_BATCH",
+    "VACUUM_STEP",
+    "TARGET",
+    "next_size",
+]
 
 log = logging.getLogger("flowhook.retention")
 
@@ -48,6 +58,20 @@ VACUUM_STEP = 1000
 
 MIN_PAUSE = 0.002
 """Seconds at least between two of retention's transactions."""
+
+TARGET = 0.020
+"""Seconds each of retention's transactions aims to hold the writer (see the module's
+docstring): a batch of :data:`BATCH` ordinary runs takes ~15 ms on SQLite, so it is cut only
+when its rows are many (runs with thousands of steps) or the disk is slow; the API's bound
+for a wait behind one is 50 ms."""
+
+
+def next_size(size: int, held: float, least: int, most: int) -> int:
+    """The next batch's size after one of ``size`` held the writer ``held`` seconds: what
+    would take :data:`TARGET` at that pace, growing at most twofold a step, kept within
+    ``least`` and ``most``."""
+    wanted = int(size * TARGET / max(held, 1e-4))
+    return max(least, min(most, 2 * size, wanted))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +104,11 @@ class RetentionService:
         days = self._days if days is None else days
         now = self._clock.now()
         before = now - timedelta(days=days)
-        runs = await self._batches(lambda c: store.prune_batch(c, before, BATCH), BATCH)
-        signals = await self._batches(lambda c: store.prune_signals(c, before, BATCH), BATCH)
+        runs = await self._batches(lambda c, n: store.prune_batch(c, before, n), BATCH)
+        signals = await self._batches(lambda c, n: store.prune_signals(c, before, n), BATCH)
         cleared_before = now - timedelta(days=min(self._delivery_days, days))
         cleared = await self._batches(
-            lambda c: store.clear_delivered(c, cleared_before, before, CLEAR_BATCH), CLEAR_BATCH
+            lambda c, n: store.clear_delivered(c, cleared_before, before, n), CLEAR_BATCH
         )
         freed = await self.give_back()
         return Pruned(runs, signals, cleared, freed)
@@ -109,23 +133,33 @@ class RetentionService:
         if not before.free_bytes:
             return 0
         freed, left = 0, before.free_bytes // (before.page_size or 1)
+        step = VACUUM_STEP
         while left:
             began = time.perf_counter()
-            now_left = await space.free_pages(self._db, VACUUM_STEP)
+            now_left = await space.free_pages(self._db, step)
+            took = time.perf_counter() - began
             freed += max(0, left - now_left)
             if now_left >= left:  # nothing moved (another writer keeps adding free pages)
                 break
             left = now_left
-            await asyncio.sleep(max(MIN_PAUSE, time.perf_counter() - began))
+            step = next_size(step, took, VACUUM_STEP // 10, VACUUM_STEP)
+            await asyncio.sleep(max(MIN_PAUSE, took))
         return freed
 
-    async def _batches(self, step: store.Step, size: int) -> int:
-        total = 0
+    async def _batches(self, step: store.Step, most: int) -> int:
+        """``step`` over and over until one handles fewer rows than it was given; on SQLite
+        each batch sized by :func:`next_size`, the first an eighth of ``most`` (the rows of a
+        run are not known before it is deleted)."""
+        total, size = 0, max(1, most // 8) if self._db.is_sqlite else most
         while True:
             began = time.perf_counter()
             async with self._db.transaction() as conn:
-                done = await step(conn)
+                held = time.perf_counter()  # the writer is ours from here to the commit
+                done = await step(conn, size)
+            now = time.perf_counter()
             total += done
             if done < size:
                 return total
-            await asyncio.sleep(max(MIN_PAUSE, time.perf_counter() - began))
+            if self._db.is_sqlite:  # PostgreSQL's writers do not queue behind one another
+                size = next_size(size, now - held, 1, most)
+            await asyncio.sleep(max(MIN_PAUSE, now - began))

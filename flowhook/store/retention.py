@@ -39,8 +39,9 @@ __all__ = [
     "Step",
 ]
 
-Step = Callable[[AsyncConnection], Awaitable[int]]
-"""One batch of a retention pass, in the transaction given: how many rows it handled."""
+Step = Callable[[AsyncConnection, int], Awaitable[int]]
+"""One batch of a retention pass, in the transaction given, of at most the size given: how
+many rows it handled."""
 
 CLEARED_BODY = b"null"
 """What a delivered event's body becomes after ``FLOWHOOK_DELIVERY_RETENTION_DAYS``: still

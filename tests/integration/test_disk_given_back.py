@@ -235,3 +235,30 @@ async def test_vacuum_converts_an_older_sqlite_database_once(tmp_path: Path) -> 
         assert (await space.convert_to_incremental(db))[0] is False  # once only
     finally:
         await db.dispose()
+
+
+async def test_the_prune_command_removes_what_retention_allows(
+    api: Api, receiver: Receiver
+) -> None:
+    """`flowhook prune --days 30`, as an operator runs it: the runs finished before then go
+    with their history, the young ones stay, and it says how many went."""
+    import os
+    import sys
+
+    services: Services = api.app.state.services
+    db, settings = services.db, services.settings
+    template = await history.read_template(db, await _one_delivered_run(api, receiver))
+    await history.grow(db, settings.database_url, template, 300, days=5,
+                       now=datetime.now(UTC) - timedelta(days=40))  # fmt: skip
+    assert await _count(db, runs) == 301
+    env = {**os.environ, "FLOWHOOK_DATABASE_URL": settings.database_url}
+    if settings.secret_key is not None:
+        env["FLOWHOOK_SECRET_KEY"] = settings.secret_key.get_secret_value()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "flowhook", "prune", "--days", "30", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    assert "removed 300 finished runs" in out.decode(), out.decode()
+    assert await _count(db, runs) == 1  # the template, finished just now

@@ -132,3 +132,44 @@ async def test_retention_batches_plan_without_merge_joins_on_postgresql(db: Data
         if not db.is_sqlite:
             async with db.transaction() as conn:  # SET LOCAL ended with the transaction
                 assert await conn.scalar(text("SHOW enable_mergejoin")) == "on"
+
+
+def test_a_batch_is_sized_by_how_long_the_last_one_held_the_writer() -> None:
+    from flowhook.service.retention import TARGET, next_size
+
+    assert next_size(200, TARGET, 10, 200) == 200  # on target: unchanged
+    assert next_size(200, 4 * TARGET, 10, 200) == 50  # four times too slow: a quarter
+    assert next_size(40, TARGET / 10, 10, 200) == 80  # fast: at most twice as many
+    assert next_size(150, TARGET / 10, 10, 200) == 200  # never past the most
+    assert next_size(200, 10.0, 10, 200) == 10  # never below the least
+    assert next_size(200, 0.0, 10, 200) == 200  # a batch too fast to time
+
+
+async def test_slow_batches_get_smaller_and_the_pass_still_ends(db: Database) -> None:
+    """A step whose rows cost 0.4 ms each (200 would hold the writer 80 ms): on SQLite each
+    batch holds it for about ``TARGET`` at most; on PostgreSQL, whose writers do not
+    wait for one another, the batches keep their size. Either way the pass goes to the end."""
+    import time
+
+    from flowhook.clock import SystemClock
+    from flowhook.service.retention import TARGET, RetentionService
+
+    sizes: list[int] = []
+    left = 600
+
+    async def step(conn: object, n: int) -> int:
+        nonlocal left
+        sizes.append(n)
+        done = min(n, left)
+        time.sleep(done * 0.0004)  # blocking, as SQLite's statements on the loop's thread
+        left -= done
+        return done
+
+    service = RetentionService(db, SystemClock(), 30.0)
+    assert await service._batches(step, 200) == 600
+    if db.is_sqlite:
+        assert sizes[0] == 25  # an eighth of the most, growing from there
+        assert all(n * 0.0004 <= 2 * TARGET for n in sizes), sizes
+    else:
+        assert sizes == [200, 200, 200, 200], sizes
+    assert left == 0
