@@ -55,8 +55,9 @@ CLAIM_BATCH = 64
 """At most this many deliveries per claim: the per-endpoint ranking sorts twice as many."""
 LATE = 0.05
 """Seconds a rate-limited delivery may wake after its slot and still take it: past that it
-reserves a new slot (see ``Dispatcher._paced``). Any second then holds at most
-``rate_limit * (1 + LATE)`` sends, and ordinary timer jitter never costs a slot."""
+reserves a new slot (see ``Dispatcher._paced``). Unless a process keeps stalling, any
+second then holds at most about ``rate_limit * (1 + LATE) + 1`` sends, and ordinary timer
+jitter never costs a slot."""
 REPACE = 2
 """How many new slots a rate-limited delivery that keeps waking late reserves before it goes."""
 COMPLETION_GATHER = 0.005

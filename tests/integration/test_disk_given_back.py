@@ -258,7 +258,12 @@ async def test_the_prune_command_removes_what_retention_allows(
         sys.executable, "-m", "flowhook", "prune", "--days", "30", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:  # timed out: leave no process behind
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 0, err.decode()
     assert "removed 300 finished runs" in out.decode(), out.decode()
     assert await _count(db, runs) == 1  # the template, finished just now
