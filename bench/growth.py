@@ -5,6 +5,7 @@ the API is asked for things.
     .venv/bin/python bench/growth.py                       # both backends, 1,000,000 runs
     .venv/bin/python bench/growth.py --backends sqlite --runs 200000 --repeat 1
     .venv/bin/python bench/growth.py --smoke               # small and once: checks it runs
+    .venv/bin/python bench/growth.py --backends sqlite --runs 5000 --step-copies 100 --repeat 1
 
 Each round starts a real ``flowhook serve`` (``FLOWHOOK_RATE_LIMIT=0``) on the database and
 measures, as bench/suite.py does: accept (``POST /api/v1/flows/execute`` under wrk at c64 for
@@ -18,7 +19,9 @@ the ``--days`` before now (under the 7 days after which delivered bodies are cle
 server's retention pass at start has nothing to do), in bulk (SQLite: the store's bulk
 insert, 20,000 rows a transaction; PostgreSQL: COPY, then VACUUM ANALYZE), and waits until
 the build's writes are on disk (``sync``; PostgreSQL a CHECKPOINT first). Every grown round
-runs on that same database. The ratio grown / empty is printed beside the target (within
+runs on that same database. ``--step-copies N`` makes the copies heavy runs: each holds its
+run's steps N times over (``--step-copies 100``: 308 rows a run), as long flows and fan-outs
+write them, which is what a retention batch holds when runs are not small. The ratio grown / empty is printed beside the target (within
 15 %).
 
 With ``--prune`` (default on) it then prunes everything (``days=0``, as ``flowhook prune
@@ -121,12 +124,12 @@ async def _drained(server: Server, timeout: float = 300) -> None:
     raise RuntimeError("the queue did not drain")
 
 
-async def grow(url: str, runs: int, days: float) -> tuple[float, int]:
+async def grow(url: str, runs: int, days: float, step_copies: int = 1) -> tuple[float, int]:
     from flowhook.store.db import Database
 
     db = Database(url, secret_key=secret_key_for(url))
     try:
-        template = await history.read_template(db)
+        template = (await history.read_template(db)).with_steps_copied(step_copies)
         took = await history.grow(db, url, template, runs, days=days)
         await settle(db, url)
         return took, template.rows_per_run
@@ -250,7 +253,7 @@ def one_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  {backend} empty round {i + 1}: {_show(empty[-1])}", flush=True)
                 if i < args.repeat - 1:
                     continue
-                took, per_run = asyncio.run(grow(url, args.runs, args.days))
+                took, per_run = asyncio.run(grow(url, args.runs, args.days, args.step_copies))
                 out["build_s"] = took
                 print(f"  {backend}: wrote {args.runs:,} runs ({args.runs * per_run:,} rows) "
                       f"in {took:.0f} s; {_files(url) / 2**20:,.0f} MiB of SQLite files"
@@ -318,6 +321,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of wrk")
     parser.add_argument("--e2e-runs", type=int, default=3000)
     parser.add_argument("--e2e-rate", type=float, default=200.0, help="runs/s for latency")
+    parser.add_argument(
+        "--step-copies",
+        type=int,
+        default=1,
+        help="heavy runs: each copied run holds its steps this many times over",
+    )
     parser.add_argument("--no-prune", dest="prune", action="store_false")
     parser.add_argument(
         "--postgres-url",

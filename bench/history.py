@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -109,6 +109,24 @@ class Template:
     @property
     def rows_per_run(self) -> int:
         return 1 + len(self.steps) + len(self.events) + len(self.deliveries) + len(self.attempts)
+
+    def with_steps_copied(self, times: int) -> Template:
+        """This run with its steps repeated ``times`` over (``sync`` becomes ``sync``,
+        ``sync_2``, … at indexes of their own), as a long flow or a fan-out writes them:
+        heavy runs, for what a batch of the retention pass holds when runs are not small."""
+        if times < 1:
+            raise ValueError("times must be at least 1")
+        width = len(self.steps)
+        steps = [
+            {
+                **s,
+                "idx": copy * width + s["idx"],
+                "step_id": s["step_id"] if copy == 0 else f"{s['step_id']}_{copy + 1}",
+            }
+            for copy in range(times)
+            for s in self.steps
+        ]
+        return replace(self, steps=steps)
 
 
 async def read_template(db: Database, run_id: str | None = None) -> Template:

@@ -18,7 +18,14 @@ from flowhook.service import Services
 from flowhook.store import space
 from flowhook.store.db import Database
 from flowhook.store.retention import CLEARED_BODY
-from flowhook.store.tables import deliveries, delivery_attempts, events, retention_marks, runs
+from flowhook.store.tables import (
+    deliveries,
+    delivery_attempts,
+    events,
+    retention_marks,
+    run_steps,
+    runs,
+)
 from tests.conftest import Api, Receiver
 
 FLOW: dict[str, Any] = {
@@ -125,6 +132,27 @@ async def test_pruning_20000_runs_gives_the_disk_back_while_the_api_answers(
     else:
         async with db.read() as conn:
             assert (await space.storage(conn)).size_bytes > 0
+
+
+async def test_heavy_runs_copied_from_a_real_one_are_pruned_whole(
+    api: Api, receiver: Receiver
+) -> None:
+    """bench/growth.py --step-copies: runs holding their steps many times over, as long
+    flows write them; the pass removes every one of their rows and keeps the template's."""
+    services: Services = api.app.state.services
+    db, url = services.db, services.settings.database_url
+    template_id = await _one_delivered_run(api, receiver)
+    heavy = (await history.read_template(db, template_id)).with_steps_copied(40)
+    assert len(heavy.steps) == 120 and heavy.rows_per_run == 128
+    assert len({s["idx"] for s in heavy.steps}) == len({s["step_id"] for s in heavy.steps}) == 120
+    await history.grow(db, url, heavy, 300, days=5, now=datetime.now(UTC) - timedelta(days=40))
+    assert await _count(db, run_steps) == 3 + 300 * 120
+    done = await services.retention.prune_all()
+    assert done.runs == 300
+    assert await _count(db, runs) == 1 and await _count(db, run_steps) == 3
+    async with db.read() as conn:
+        steps = (await conn.execute(select(run_steps.c.step_id).order_by(run_steps.c.idx))).all()
+    assert [s for (s,) in steps] == ["a", "b", "c"]
 
 
 async def test_delivered_bodies_go_after_their_window_and_failed_ones_stay(
