@@ -136,13 +136,15 @@ class RetentionService:
         step = VACUUM_STEP
         while left:
             began = time.perf_counter()
-            now_left = await space.free_pages(self._db, step)
+            done = await space.free_pages(self._db, step)
             took = time.perf_counter() - began
-            freed += max(0, left - now_left)
-            if now_left >= left:  # nothing moved (another writer keeps adding free pages)
+            freed += max(0, left - done.left)
+            if done.left >= left:  # nothing moved (another writer keeps adding free pages)
                 break
-            left = now_left
-            step = next_size(step, took, VACUUM_STEP // 10, VACUUM_STEP)
+            left = done.left
+            # sized by how long it held the writer, as the batches are: a step that first
+            # waited behind the API's writes was not itself slow
+            step = next_size(step, done.held, VACUUM_STEP // 10, VACUUM_STEP)
             await asyncio.sleep(max(MIN_PAUSE, took))
         return freed
 

@@ -30,6 +30,7 @@ __all__ = [
     "Storage",
     "storage",
     "free_pages",
+    "Freed",
     "auto_vacuum_mode",
     "convert_to_incremental",
     "INCREMENTAL",
@@ -73,18 +74,29 @@ async def auto_vacuum_mode(conn: AsyncConnection) -> int:
     return int(await conn.scalar(text("PRAGMA auto_vacuum")) or 0)
 
 
-async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) -> int:
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """What one :func:`free_pages` step left, and how long it held the writer."""
+
+    left: int
+    """Free pages still in the file."""
+    held: float = 0.0
+    """Seconds from the write lock taken to the commit: its wait for the lock (behind the
+    API's writes, or another process's) is not counted, so a step is sized by its own cost."""
+
+
+async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) -> Freed:
     """SQLite with incremental auto-vacuum: give up to ``pages`` free pages back to the file
-    system in one write transaction of its own (the file is truncated at its commit); returns
-    how many free pages are left. It moves pages from the end of the file into free slots, so
-    its cost grows with ``pages``, not with the database (~10 ms per 1,000 here). Elsewhere,
-    or on a database without incremental auto-vacuum: 0, nothing done."""
+    system in one write transaction of its own (the file is truncated at its commit). It
+    moves pages from the end of the file into free slots, so its cost grows with ``pages``,
+    not with the database (~10 ms per 1,000 here). Elsewhere, or on a database without
+    incremental auto-vacuum: ``Freed(0)``, nothing done."""
     if not db.is_sqlite:
-        return 0
+        return Freed(0)
     async with db.writer.connect() as conn:
         raw = (await conn.get_raw_connection()).driver_connection.raw  # type: ignore[union-attr]
         if raw.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
-            return 0
+            return Freed(0)
         # The pragma frees one page per step of its statement, and the sqlite3 module steps
         # a statement without result columns once: a script steps it to the end. A script
         # commits what is pending first, so it carries its own transaction; the writer
@@ -92,8 +104,10 @@ async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) ->
         script = f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({max(1, int(pages))}); COMMIT;"
         deadline, tries = time.monotonic() + busy_timeout, 0
         while True:
+            began = time.perf_counter()
             try:
-                raw.executescript(script)
+                raw.executescript(script)  # a busy lock raises at BEGIN IMMEDIATE, at once
+                held = time.perf_counter() - began
                 break
             except sqlite3.OperationalError as exc:
                 if raw.in_transaction:
@@ -102,7 +116,7 @@ async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) ->
                     raise
                 tries += 1  # another process holds the write lock: wait without blocking
                 await asyncio.sleep(backoff(tries, 0.0005, 0.05))
-        return int(raw.execute("PRAGMA freelist_count").fetchone()[0])
+        return Freed(int(raw.execute("PRAGMA freelist_count").fetchone()[0]), held)
 
 
 async def convert_to_incremental(db: Database) -> tuple[bool, float]:

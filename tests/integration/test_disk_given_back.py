@@ -254,13 +254,45 @@ async def test_vacuum_converts_an_older_sqlite_database_once(tmp_path: Path) -> 
         async with db.read() as conn:
             before = await space.storage(conn)
         assert before.auto_vacuum == "none" and before.free_bytes
-        assert await space.free_pages(db, 1000) == 0  # nothing it can give back yet
+        assert await space.free_pages(db, 1000) == space.Freed(0)  # nothing to give back yet
         converted, _ = await space.convert_to_incremental(db)
         async with db.read() as conn:
             after = await space.storage(conn)
         assert converted and after.auto_vacuum == "incremental"
         assert after.size_bytes < before.size_bytes / 10
         assert (await space.convert_to_incremental(db))[0] is False  # once only
+    finally:
+        await db.dispose()
+
+
+async def test_a_vacuum_step_counts_the_writer_held_not_its_wait_for_it(tmp_path: Path) -> None:
+    """Retention sizes its vacuum steps by what one held: another process holding the write
+    lock for 0.3 s delays the step, and the step still reports only its own few ms."""
+    import sqlite3
+    import threading
+    import time
+
+    path = tmp_path / "free.db"
+    db = Database(f"sqlite:///{path}")
+    try:
+        async with db.read() as conn:
+            assert (await space.storage(conn)).auto_vacuum == "incremental"
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("CREATE TABLE t (x BLOB)")
+        other.executemany("INSERT INTO t VALUES (randomblob(4000))", [()] * 500)
+        other.execute("DELETE FROM t")
+        async with db.read() as conn:
+            before = await space.storage(conn)
+        free = (before.free_bytes or 0) // (before.page_size or 1)
+        assert free * (before.page_size or 1) >= 500 * 4000
+        other.execute("BEGIN IMMEDIATE")  # another process's writer, for 0.3 s
+        threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+        began = time.perf_counter()
+        freed = await space.free_pages(db, 100)
+        waited = time.perf_counter() - began
+        other.close()
+        assert waited >= 0.3 and freed.held < 0.15, (waited, freed)
+        assert freed.left == free - 100  # a hundred free pages went
     finally:
         await db.dispose()
 
