@@ -21,8 +21,8 @@ insert, 20,000 rows a transaction; PostgreSQL: COPY, then VACUUM ANALYZE), and w
 the build's writes are on disk (``sync``; PostgreSQL a CHECKPOINT first). Every grown round
 runs on that same database. ``--step-copies N`` makes the copies heavy runs: each holds its
 run's steps N times over (``--step-copies 100``: 308 rows a run), as long flows and fan-outs
-write them, which is what a retention batch holds when runs are not small. The ratio grown / empty is printed beside the target (within
-15 %).
+write them, which is what a retention batch holds when runs are not small. The ratio
+grown / empty is printed beside the target (within 15 %).
 
 With ``--prune`` (default on) it then prunes everything (``days=0``, as ``flowhook prune
 --days 0``) in this process while a client asks the running server for a flow and executes

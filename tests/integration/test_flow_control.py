@@ -196,11 +196,10 @@ async def test_concurrency_and_throttle_on_one_flow_both_hold(api: Api) -> None:
         assert starts[i] - starts[i - 2] >= 1.0 - 0.05, starts
     other_run = await api.wait(other, timeout=5)
     # measured from its own queueing, not from cus_1's first start: under a loaded CI
-    # machine the executes alone once took 0.6 s. Held behind cus_1's throttle it would
-    # wait for the next free start, about a second.
+    # machine the executes alone once took 0.6 s. Held behind cus_1's runs it would wait
+    # for a free start after theirs, a second or more (two starts a second, six runs).
     other_start = datetime.fromisoformat(other_run["started_at"]).timestamp()
     assert other_start - datetime.fromisoformat(other_run["queued_at"]).timestamp() < 0.8
-    assert other_start < starts[2], (other_start, starts)
 
 
 async def test_debounce_collapses_a_burst_into_one_run_with_the_last_payload(api: Api) -> None:
