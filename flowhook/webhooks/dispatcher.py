@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import partial
 
-import aiohttp
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import tracing
@@ -40,10 +39,9 @@ from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import Attempt, DeliveryStatus
 from flowhook.store.wakeup import Wakeup
-from flowhook.targets import guarded_connector
 from flowhook.webhooks import metrics
 from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
-from flowhook.webhooks.sender import Result, build_headers, send
+from flowhook.webhooks.sender import Result, WebhookClient, build_headers, send
 
 __all__ = ["Dispatcher"]
 
@@ -98,6 +96,8 @@ class Dispatcher(Consumer):
         self.allow_private = allow_private_targets
         self.retry_throttled = retry_throttled
         self.lease = timedelta(seconds=3 * timeout + 1)
+        self.client: WebhookClient | None = None
+        """The HTTP client of the attempts, from :meth:`open` until the dispatcher stops."""
         self._per_endpoint: Counter[str] = Counter()
         """Deliveries this process holds per endpoint (claimed and not yet completed)."""
         self._sending: dict[str, asyncio.Semaphore] = {}
@@ -115,18 +115,16 @@ class Dispatcher(Consumer):
         )
 
     async def open(self) -> None:
-        if self.http is None:
-            connector = guarded_connector(
-                allow_private=self.allow_private,
-                limit=self.concurrency,
-                limit_per_host=self.per_endpoint * 4,
-            )
-            self.http = aiohttp.ClientSession(connector=connector)
+        if self.client is None:
+            self.client = WebhookClient(allow_private=self.allow_private)
 
     async def _stopped(self, unfinished: list[str]) -> None:
         """Stop writing completions: one not committed yet is dropped (as if the process
         had died), and its delivery is tried again when its lease ends."""
         await self._completions.cancel()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
 
     async def _claim(self, limit: int) -> int:
         now = self.clock.now()
@@ -167,7 +165,7 @@ class Dispatcher(Consumer):
         :meth:`adopt` starts them once that transaction has committed, without a claim
         transaction of their own (:meth:`drop` if it did not commit). What a hand-off took
         counts as held until then. ``None`` before :meth:`open` and while stopping."""
-        if self.http is None or self._stopping.is_set():
+        if self.client is None or self._stopping.is_set():
             return None
         handoff = store.Handoff(self.owner, self.lease, self.clock.now, self._room)
         self._handing.append(handoff)
@@ -244,7 +242,7 @@ class Dispatcher(Consumer):
     async def _attempt(self, due: store.DueDelivery) -> None:
         """One attempt: send the request (unless the endpoint is gone or disabled), then
         wait until its outcome is committed."""
-        assert self.http is not None, "open() first"
+        assert self.client is not None, "open() first"
         number = due.attempts  # counted and logged by the claim
         if due.url is None or not due.enabled:
             await self._complete(self._undeliverable(due, number))
@@ -262,7 +260,7 @@ class Dispatcher(Consumer):
                 span_id = tracing.delivery_span_id(due.id, number)
                 headers["traceparent"] = tracing.header(trace, span_id)
                 result = await send(
-                    self.http,
+                    self.client,
                     due.url,
                     due.body,
                     headers,

@@ -3,23 +3,30 @@
 Outcomes: a 2xx within the timeout is delivered. A 3xx is never followed (failed, with the
 ``Location`` in the error). A 4xx is final. A 5xx, timeout, connection, DNS or TLS error is
 retried. A refused target (SSRF guard) is final. 408 and 429 are retried only when
-``FLOWHOOK_WEBHOOK_RETRY_THROTTLED`` is on, honouring ``Retry-After``.
+``FLOWHOOK_WEBHOOK_RETRY_THROTTLED`` is on, honouring ``Retry-After``. The request goes
+through :class:`~flowhook.webhooks.http.WebhookClient` (kept-alive connections, the target
+guard at connect time); the timeout covers the connection, the request and the answer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
 from dataclasses import dataclass
 
-import aiohttp
-
-from flowhook.outbound import classify
 from flowhook.signing import build_headers
 from flowhook.targets import TargetRefused, check_url
+from flowhook.webhooks.http import (
+    EXCERPT_BYTES,
+    InvalidURL,
+    ResolveError,
+    ResponseError,
+    WebhookClient,
+)
 
-__all__ = ["Result", "RETRYABLE", "EXCERPT_BYTES", "build_headers", "send"]
+__all__ = ["Result", "RETRYABLE", "EXCERPT_BYTES", "WebhookClient", "build_headers", "send"]
 
-EXCERPT_BYTES = 16 * 1024
 RETRYABLE = frozenset({"timeout", "connection", "dns", "tls", "http_5xx", "throttled"})
 
 
@@ -52,7 +59,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 async def send(
-    session: aiohttp.ClientSession,
+    client: WebhookClient,
     url: str,
     body: bytes,
     headers: dict[str, str],
@@ -68,42 +75,42 @@ async def send(
 
     try:
         check_url(url, allow_private=allow_private)
-        async with session.post(
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            address = None
-            if response.connection is not None and response.connection.transport is not None:
-                peer = response.connection.transport.get_extra_info("peername")
-                address = str(peer[0]) if peer else None
-            raw = await response.content.read(EXCERPT_BYTES)
-            excerpt = raw.decode("utf-8", "replace")
-            status = response.status
-            if 200 <= status < 300:
-                return done(status_code=status, excerpt=excerpt, address=address)
-            if 300 <= status < 400:
-                location = response.headers.get("Location", "")
-                return done(
-                    status_code=status, excerpt=excerpt, address=address, error_class="redirect",
-                    error_detail=f"answered {status} redirecting to {location!r}; redirects are not "
-                    "followed: register the final URL",
-                )  # fmt: skip
-            if retry_throttled and status in (408, 429):
-                return done(
-                    status_code=status, excerpt=excerpt, address=address, error_class="throttled",
-                    error_detail=f"answered {status}",
-                    retry_after=_retry_after(response.headers.get("Retry-After")),
-                )  # fmt: skip
-            kind = "http_4xx" if status < 500 else "http_5xx"
-            return done(
-                status_code=status, excerpt=excerpt, address=address, error_class=kind,
-                error_detail=f"answered {status}",
-            )  # fmt: skip
+        async with asyncio.timeout(timeout):
+            response = await client.post(url, body, headers)
     except TimeoutError:  # before OSError, of which it is one
         return done(error_class="timeout", error_detail=f"no answer within {timeout:g} s")
-    except (TargetRefused, aiohttp.ClientError, OSError) as exc:
-        error_class, detail = classify(exc)
-        return done(error_class=error_class, error_detail=detail)
+    except TargetRefused as exc:
+        return done(error_class="destination_blocked", error_detail=exc.message)
+    except InvalidURL as exc:
+        return done(error_class="invalid_request", error_detail=f"not a valid URL: {exc}")
+    except ResolveError as exc:
+        return done(error_class="dns", error_detail=str(exc))
+    except ssl.SSLError as exc:  # certificate errors are SSLErrors too
+        return done(error_class="tls", error_detail=f"{type(exc).__name__}: {exc}")
+    except ResponseError as exc:
+        return done(error_class="connection", error_detail=str(exc))
+    except OSError as exc:
+        return done(error_class="connection", error_detail=f"{type(exc).__name__}: {exc}")
+    status = response.status
+    excerpt = response.body.decode("utf-8", "replace")
+    address = response.address
+    if 200 <= status < 300:
+        return done(status_code=status, excerpt=excerpt, address=address)
+    if 300 <= status < 400:
+        location = response.headers.get("location", "")
+        return done(
+            status_code=status, excerpt=excerpt, address=address, error_class="redirect",
+            error_detail=f"answered {status} redirecting to {location!r}; redirects are not "
+            "followed: register the final URL",
+        )  # fmt: skip
+    if retry_throttled and status in (408, 429):
+        return done(
+            status_code=status, excerpt=excerpt, address=address, error_class="throttled",
+            error_detail=f"answered {status}",
+            retry_after=_retry_after(response.headers.get("retry-after")),
+        )  # fmt: skip
+    kind = "http_4xx" if status < 500 else "http_5xx"
+    return done(
+        status_code=status, excerpt=excerpt, address=address, error_class=kind,
+        error_detail=f"answered {status}",
+    )  # fmt: skip

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from flowhook.targets import TargetRefused, guarded_connector
-from flowhook.webhooks.sender import send
+from flowhook.webhooks.sender import WebhookClient, send
 from tests.conftest import Receiver
 
 HOSTS = ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]", "127。0。0。1", "[::1]"]
@@ -48,10 +48,9 @@ async def test_webhook_sender_classifies_unicode_ip_hosts_as_blocked(
     receiver: Receiver, host: str
 ) -> None:
     port = receiver.url.rsplit(":", 1)[1]
-    async with aiohttp.ClientSession(connector=guarded_connector()) as session:
-        result = await send(
-            session, f"http://{host}:{port}/", b"{}", {}, timeout=2, allow_private=False
-        )
+    client = WebhookClient()
+    result = await send(client, f"http://{host}:{port}/", b"{}", {}, timeout=2, allow_private=False)
+    await client.close()
     assert result.error_class == "destination_blocked"
     assert result.excerpt is None
     assert receiver.requests == []

@@ -1,0 +1,374 @@
+"""The webhook sender's HTTP/1.1 client: one POST at a time per connection, kept alive.
+
+A delivery needs little of a general HTTP client: a POST of a body already built, the
+status, two headers (``Location``, ``Retry-After``) and the first bytes of the answer.
+aiohttp's client spent ~170 µs of CPU a request on its session, URL, header and timeout
+machinery, a third of the engine process when it sends a few thousand deliveries a second
+(bench/README.md, "A lean client for deliveries"). This one writes the request in one piece
+and reads the answer with httptools (llhttp, the parser under uvicorn): ~40 µs a request.
+``http`` steps still use aiohttp, which they need for methods, redirects and bodies.
+
+**The target guard** (:mod:`flowhook.targets`) holds at connect time: the host is resolved
+here, every address is vetted, and the socket is opened to a vetted address, never to the
+name again, so DNS rebinding gets nowhere. A literal address is vetted the same way.
+``allow_private`` turns the address checks off (local development).
+
+**Connections** are kept per origin (scheme, host, port) after an answer that allows it
+(HTTP/1.1 without ``Connection: close``, read to its end), for at most ``IDLE_SECONDS``.
+A kept connection that the server closed while it sat idle fails before the first byte
+of an answer: the request then goes once more, on a new connection. The receiver did not
+answer it, so at most it sees the attempt twice, with the same ``webhook-id``; deliveries
+are at least once anyway. Redirects are not followed, bodies are not decompressed (no
+``Accept-Encoding`` is sent), and an answer longer than the excerpt closes its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+
+import httptools
+from yarl import URL
+
+from flowhook.targets import TargetRefused, is_blocked_address
+
+__all__ = [
+    "EXCERPT_BYTES",
+    "IDLE_SECONDS",
+    "Response",
+    "ResolveError",
+    "ResponseError",
+    "WebhookClient",
+]
+
+EXCERPT_BYTES = 16 * 1024
+"""How much of an answer's body is read (and logged with the attempt)."""
+
+IDLE_SECONDS = 15.0
+"""How long a connection may sit unused and still be used again (aiohttp's default too)."""
+
+_TARGETS_KEPT = 1024
+"""URLs whose parsed form is kept (a dispatcher sends to a few endpoints again and again)."""
+
+
+class InvalidURL(ValueError):
+    """The URL cannot be sent to (the target guard refuses most such URLs first)."""
+
+
+class ResolveError(OSError):
+    """DNS gave no address for the host."""
+
+
+class ResponseError(OSError):
+    """The connection ended before an answer, or the answer was not HTTP."""
+
+
+class _Stale(Exception):
+    """A kept connection ended before the first byte of an answer."""
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    """Names in lower case; of a repeated header, the last."""
+    body: bytes
+    """At most the client's ``excerpt`` bytes of the body."""
+    address: str | None
+    """The peer's IP address."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    origin: tuple[str, str, int]
+    host: str
+    """As connected to: IDNA-mapped, no brackets around an IPv6 address."""
+    port: int
+    tls: bool
+    head: bytes
+    """The request line and ``Host`` header."""
+
+
+def _target(url: str) -> _Target:
+    try:
+        parsed = URL(url)
+        scheme, host, port = parsed.scheme, parsed.raw_host, parsed.port
+    except (ValueError, UnicodeError) as exc:
+        raise InvalidURL(f"{url}: {exc}") from None
+    if scheme not in ("http", "https") or not host or port is None:
+        raise InvalidURL(f"{url}: not an http or https URL with a host")
+    path = parsed.raw_path_qs or "/"  # yarl percent-encodes it and drops CR and LF
+    authority = f"[{host}]" if ":" in host else host
+    if port != (443 if scheme == "https" else 80):
+        authority = f"{authority}:{port}"
+    head = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
+    return _Target((scheme, host, port), host, port, scheme == "https", head)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection and the answer it is waiting for (httptools calls the ``on_*``)."""
+
+    def __init__(self, excerpt: int) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.address: str | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._excerpt = excerpt
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[Response] | None = None
+        self._headers: dict[str, str] = {}
+        self._body = bytearray()
+        self._received = False
+        self._headers_done = False
+
+    # -- asyncio -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if peer else None
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None:  # bytes no request asked for: not a connection to keep
+            self.close()
+            return
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ResponseError(f"the answer is not valid HTTP: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is None:
+            return
+        if self._headers_done:  # the status stands; the body is what came
+            self._answer(keep=False)
+        elif self._received:
+            self._fail(ResponseError("the connection closed in the middle of the answer"))
+        else:
+            self._fail(_Stale())
+
+    # -- httptools ---------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._waiter is not None:
+            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if self._waiter is None:
+            return
+        room = self._excerpt - len(self._body)
+        if room > 0:
+            self._body += body[:room]
+        if len(body) >= room:  # more than the excerpt: stop reading, never reuse
+            self._answer(keep=False)
+
+    def on_message_complete(self) -> None:
+        if self._waiter is None:
+            return
+        if self._parser.get_status_code() < 200:  # an interim answer (100 Continue): the next
+            self._headers = {}
+            self._headers_done = False
+            return
+        self._answer(keep=self._parser.should_keep_alive())
+
+    # -- the client's side -------------------------------------------------------------
+
+    async def request(self, data: bytes) -> Response:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise _Stale()
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._headers = {}
+        self._body = bytearray()
+        self._received = False
+        self._headers_done = False
+        self.transport.write(data)
+        return await self._waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _answer(self, *, keep: bool) -> None:
+        waiter, self._waiter = self._waiter, None
+        if not keep:
+            self.close()
+        status = self._parser.get_status_code()
+        response = Response(status, self._headers, bytes(self._body), self.address)
+        self._headers = {}
+        self._body = bytearray()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(response)
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+
+class WebhookClient:
+    """POSTs to webhook endpoints over kept-alive connections; see the module's docstring.
+
+    Raises :class:`InvalidURL` for a URL it cannot send to,
+    :class:`~flowhook.targets.TargetRefused` for an address the guard refuses,
+    :class:`ResolveError` when DNS finds nothing, :class:`ssl.SSLError` for TLS,
+    :class:`ResponseError` for a connection that ended without an answer or answered
+    something other than HTTP, and any other :class:`OSError` of the connection. Time
+    limits are the caller's (``asyncio.timeout``); a request cut short closes its
+    connection."""
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        excerpt: int = EXCERPT_BYTES,
+        idle_seconds: float = IDLE_SECONDS,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.allow_private = allow_private
+        self.excerpt = excerpt
+        self.idle_seconds = idle_seconds
+        self._ssl = ssl_context
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._swept = time.monotonic()
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) >= _TARGETS_KEPT:
+                self._targets.clear()
+            target = self._targets[url] = _target(url)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        data = b"".join(
+            (target.head, lines.encode(), b"Content-Length: %d\r\n\r\n" % len(body), body)
+        )
+        kept = self._take(target.origin)
+        if kept is not None:
+            try:
+                return await self._exchange(kept, target, data)
+            except _Stale:
+                pass  # closed by the server while it sat idle: once more, on a new connection
+        try:
+            return await self._exchange(await self._connect(target), target, data)
+        except _Stale:
+            raise ResponseError("the server closed the connection without answering") from None
+
+    async def close(self) -> None:
+        """Close every idle connection (requests in flight close theirs when they end)."""
+        for kept in self._idle.values():
+            for conn in kept:
+                conn.close()
+        self._idle.clear()
+
+    async def _exchange(self, conn: _Connection, target: _Target, data: bytes) -> Response:
+        done = False
+        try:
+            response = await conn.request(data)
+            done = True
+        finally:
+            if not done:
+                conn.close()
+        if not conn.closed:
+            conn.idle_since = time.monotonic()
+            self._idle.setdefault(target.origin, []).append(conn)
+            if conn.idle_since - self._swept > self.idle_seconds:
+                self._sweep(conn.idle_since)
+        return response
+
+    def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
+        kept = self._idle.get(origin)
+        now = time.monotonic()
+        while kept:
+            conn = kept.pop()  # the most recently used: the likeliest to be open still
+            if not conn.closed and now - conn.idle_since < self.idle_seconds:
+                return conn
+            conn.close()
+        return None
+
+    def _sweep(self, now: float) -> None:
+        """Close the connections idle for too long (of endpoints no longer sent to)."""
+        self._swept = now
+        for origin, kept in list(self._idle.items()):
+            fresh = [c for c in kept if not c.closed and now - c.idle_since < self.idle_seconds]
+            for conn in kept:
+                if conn not in fresh:
+                    conn.close()
+            if fresh:
+                self._idle[origin] = fresh
+            else:
+                del self._idle[origin]
+
+    async def _connect(self, target: _Target) -> _Connection:
+        loop = asyncio.get_running_loop()
+        context = self._ssl_context() if target.tls else None
+        failure: OSError | None = None
+        for family, address in await self._addresses(target):
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self.excerpt),
+                    address,
+                    target.port,
+                    family=family,
+                    ssl=context,
+                    server_hostname=target.host if context is not None else None,
+                )
+            except ssl.SSLError:
+                raise
+            except OSError as exc:  # refused, unreachable: the next address
+                failure = exc
+                continue
+            return conn
+        assert failure is not None
+        raise failure
+
+    async def _addresses(self, target: _Target) -> list[tuple[int, str]]:
+        """The addresses to try, each vetted unless private targets are allowed."""
+        try:
+            literal = ipaddress.ip_address(target.host)
+        except ValueError:
+            literal = None
+        if literal is not None:
+            if not self.allow_private and is_blocked_address(literal):
+                raise TargetRefused(
+                    f"{literal} is not a public address; private targets are not allowed"
+                )
+            return [(socket.AF_INET6 if literal.version == 6 else socket.AF_INET, str(literal))]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ResolveError(f"cannot resolve {target.host}: {exc.strerror}") from None
+        found: list[tuple[int, str]] = []
+        for family, _, _, _, sockaddr in infos:
+            address = (int(family), str(sockaddr[0]))
+            if address not in found:
+                found.append(address)
+        if not self.allow_private:
+            found = [
+                (family, address)
+                for family, address in found
+                if not is_blocked_address(ipaddress.ip_address(address.split("%", 1)[0]))
+            ]
+            if not found:
+                raise TargetRefused(f"{target.host} resolves only to addresses that are not public")
+        if not found:
+            raise ResolveError(f"cannot resolve {target.host}: no address")
+        return found
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:  # made on first use: loading the CA store takes milliseconds
+            self._ssl = ssl.create_default_context()
+        return self._ssl
