@@ -11,7 +11,8 @@ and reads the answer with httptools (llhttp, the parser under uvicorn): ~40 µs 
 **The target guard** (:mod:`flowhook.targets`) holds at connect time: the host is resolved
 here, every address is vetted, and the socket is opened to a vetted address, never to the
 name again, so DNS rebinding gets nowhere. A literal address is vetted the same way.
-``allow_private`` turns the address checks off (local development).
+``allow_private`` turns the address checks off (local development). Of several addresses
+the next is tried when one fails, or alongside it after ``STAGGER`` (happy eyeballs).
 
 **Connections** are kept per origin (scheme, host, port) after an answer that allows it
 (HTTP/1.1 without ``Connection: close``, read to its end), for at most ``IDLE_SECONDS``.
@@ -20,6 +21,14 @@ of an answer: the request then goes once more, on a new connection. The receiver
 answer it, so at most it sees the attempt twice, with the same ``webhook-id``; deliveries
 are at least once anyway. Redirects are not followed, bodies are not decompressed (no
 ``Accept-Encoding`` is sent), and an answer longer than the excerpt closes its connection.
+
+**What an answer is**: its status stands once its headers are in. The body is read until it
+ends or fills the excerpt; a body still coming after its first bytes is taken as it is and
+its connection closed (a receiver streaming its answer is not a timeout). Headers longer
+than ``MAX_HEAD_BYTES`` or more than ``MAX_HEADERS`` lines, a protocol switch (101), bytes
+that are not HTTP, or bytes no request asked for fail the attempt or drop the connection:
+a receiver cannot make the sender buffer without bound. Header values we send may not hold
+a line break.
 """
 
 from __future__ import annotations
@@ -28,7 +37,6 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -53,12 +61,22 @@ EXCERPT_BYTES = 16 * 1024
 IDLE_SECONDS = 15.0
 """How long a connection may sit unused and still be used again (aiohttp's default too)."""
 
+MAX_HEAD_BYTES = 64 * 1024
+"""An answer's status line and headers may be this long; longer fails the attempt."""
+
+MAX_HEADERS = 100
+"""An answer may have this many header lines."""
+
+STAGGER = 0.25
+"""Seconds before the next address of a host is tried alongside one not connected yet."""
+
 _TARGETS_KEPT = 1024
 """URLs whose parsed form is kept (a dispatcher sends to a few endpoints again and again)."""
 
 
-class InvalidURL(ValueError):
-    """The URL cannot be sent to (the target guard refuses most such URLs first)."""
+class InvalidRequest(ValueError):
+    """The URL cannot be sent to (the target guard refuses most such URLs first), or a
+    header holds a line break."""
 
 
 class ResolveError(OSError):
@@ -100,9 +118,9 @@ def _target(url: str) -> _Target:
         parsed = URL(url)
         scheme, host, port = parsed.scheme, parsed.raw_host, parsed.port
     except (ValueError, UnicodeError) as exc:
-        raise InvalidURL(f"{url}: {exc}") from None
+        raise InvalidRequest(f"not a valid URL: {url}: {exc}") from None
     if scheme not in ("http", "https") or not host or port is None:
-        raise InvalidURL(f"{url}: not an http or https URL with a host")
+        raise InvalidRequest(f"not a valid URL: {url}: not http or https with a host")
     path = parsed.raw_path_qs or "/"  # yarl percent-encodes it and drops CR and LF
     authority = f"[{host}]" if ":" in host else host
     if port != (443 if scheme == "https" else 80):
@@ -118,13 +136,16 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.address: str | None = None
         self.closed = False
-        self.idle_since = 0.0
+        self.expiry: asyncio.TimerHandle | None = None
+        """Closes the connection when it has sat idle too long (while it is kept)."""
         self._excerpt = excerpt
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
         self._headers: dict[str, str] = {}
         self._body = bytearray()
-        self._received = False
+        self._received = 0
+        """Bytes of the answer so far (counted up to the end of its headers)."""
+        self._header_lines = 0
         self._headers_done = False
 
     # -- asyncio -----------------------------------------------------------------------
@@ -138,14 +159,30 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None:  # bytes no request asked for: not a connection to keep
             self.close()
             return
-        self._received = True
+        if not self._headers_done:
+            self._received += len(data)
+            if self._received > MAX_HEAD_BYTES:  # before httptools buffers it
+                self._fail(ResponseError(f"the answer's headers exceed {MAX_HEAD_BYTES} bytes"))
+                return
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ResponseError("the answer switches protocols (101); webhooks need HTTP"))
+            return
         except httptools.HttpParserError as exc:
             self._fail(ResponseError(f"the answer is not valid HTTP: {exc}"))
+            return
+        if self._waiter is None:
+            return
+        if self._header_lines > MAX_HEADERS:
+            self._fail(ResponseError(f"the answer has more than {MAX_HEADERS} header lines"))
+        elif self._body:  # part of the body came, the rest is slow: answer with what came
+            self._answer(keep=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.expiry is not None:
+            self.expiry.cancel()
         if self._waiter is None:
             return
         if self._headers_done:  # the status stands; the body is what came
@@ -157,8 +194,13 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools ---------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._waiter is None:  # an answer nobody asked for: the connection is spoilt
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._waiter is not None:
+            self._header_lines += 1
             self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -179,6 +221,7 @@ class _Connection(asyncio.Protocol):
         if self._parser.get_status_code() < 200:  # an interim answer (100 Continue): the next
             self._headers = {}
             self._headers_done = False
+            self._received = 0
             return
         self._answer(keep=self._parser.should_keep_alive())
 
@@ -190,13 +233,16 @@ class _Connection(asyncio.Protocol):
         self._waiter = asyncio.get_running_loop().create_future()
         self._headers = {}
         self._body = bytearray()
-        self._received = False
+        self._received = 0
+        self._header_lines = 0
         self._headers_done = False
         self.transport.write(data)
         return await self._waiter
 
     def close(self) -> None:
         self.closed = True
+        if self.expiry is not None:
+            self.expiry.cancel()
         if self.transport is not None:
             self.transport.close()
 
@@ -221,8 +267,8 @@ class _Connection(asyncio.Protocol):
 class WebhookClient:
     """POSTs to webhook endpoints over kept-alive connections; see the module's docstring.
 
-    Raises :class:`InvalidURL` for a URL it cannot send to,
-    :class:`~flowhook.targets.TargetRefused` for an address the guard refuses,
+    Raises :class:`InvalidRequest` for a URL it cannot send to or a header with a line
+    break, :class:`~flowhook.targets.TargetRefused` for an address the guard refuses,
     :class:`ResolveError` when DNS finds nothing, :class:`ssl.SSLError` for TLS,
     :class:`ResponseError` for a connection that ended without an answer or answered
     something other than HTTP, and any other :class:`OSError` of the connection. Time
@@ -243,7 +289,7 @@ class WebhookClient:
         self._ssl = ssl_context
         self._targets: dict[str, _Target] = {}
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._swept = time.monotonic()
+        self._closed = False
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
         target = self._targets.get(url)
@@ -252,6 +298,8 @@ class WebhookClient:
                 self._targets.clear()
             target = self._targets[url] = _target(url)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
+            raise InvalidRequest("a header name or value holds a line break")
         data = b"".join(
             (target.head, lines.encode(), b"Content-Length: %d\r\n\r\n" % len(body), body)
         )
@@ -267,7 +315,9 @@ class WebhookClient:
             raise ResponseError("the server closed the connection without answering") from None
 
     async def close(self) -> None:
-        """Close every idle connection (requests in flight close theirs when they end)."""
+        """Close every idle connection; a request still in flight closes its own when it
+        ends."""
+        self._closed = True
         for kept in self._idle.values():
             for conn in kept:
                 conn.close()
@@ -281,56 +331,75 @@ class WebhookClient:
         finally:
             if not done:
                 conn.close()
-        if not conn.closed:
-            conn.idle_since = time.monotonic()
+        if self._closed:
+            conn.close()
+        elif not conn.closed:
+            loop = asyncio.get_running_loop()
+            conn.expiry = loop.call_later(self.idle_seconds, conn.close)
             self._idle.setdefault(target.origin, []).append(conn)
-            if conn.idle_since - self._swept > self.idle_seconds:
-                self._sweep(conn.idle_since)
         return response
 
     def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
         kept = self._idle.get(origin)
-        now = time.monotonic()
         while kept:
             conn = kept.pop()  # the most recently used: the likeliest to be open still
-            if not conn.closed and now - conn.idle_since < self.idle_seconds:
+            if conn.expiry is not None:
+                conn.expiry.cancel()
+                conn.expiry = None
+            if not conn.closed:
                 return conn
-            conn.close()
         return None
 
-    def _sweep(self, now: float) -> None:
-        """Close the connections idle for too long (of endpoints no longer sent to)."""
-        self._swept = now
-        for origin, kept in list(self._idle.items()):
-            fresh = [c for c in kept if not c.closed and now - c.idle_since < self.idle_seconds]
-            for conn in kept:
-                if conn not in fresh:
-                    conn.close()
-            if fresh:
-                self._idle[origin] = fresh
-            else:
-                del self._idle[origin]
-
     async def _connect(self, target: _Target) -> _Connection:
+        """A connection to the first of the vetted addresses that answers. The next address
+        is tried when one fails, or alongside it when it has not connected within
+        ``STAGGER`` seconds (happy eyeballs, RFC 8305; families alternate)."""
         loop = asyncio.get_running_loop()
         context = self._ssl_context() if target.tls else None
-        failure: OSError | None = None
-        for family, address in await self._addresses(target):
-            try:
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self.excerpt),
-                    address,
-                    target.port,
-                    family=family,
-                    ssl=context,
-                    server_hostname=target.host if context is not None else None,
-                )
-            except ssl.SSLError:
-                raise
-            except OSError as exc:  # refused, unreachable: the next address
-                failure = exc
-                continue
+        hostname = target.host.rstrip(".") if context is not None else None
+
+        async def attempt(family: int, address: str) -> _Connection:
+            _, conn = await loop.create_connection(
+                lambda: _Connection(self.excerpt),
+                address,
+                target.port,
+                family=family,
+                ssl=context,
+                server_hostname=hostname,
+            )
             return conn
+
+        addresses = _interleaved(await self._addresses(target))
+        if len(addresses) == 1:
+            return await attempt(*addresses[0])
+        pending: set[asyncio.Task[_Connection]] = set()
+        failure: BaseException | None = None
+        try:
+            while addresses or pending:
+                if addresses:
+                    pending.add(asyncio.ensure_future(attempt(*addresses.pop(0))))
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=STAGGER if addresses else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                won: _Connection | None = None
+                for task in done:
+                    exc = task.exception()
+                    if exc is None and won is None:
+                        won = task.result()
+                    elif exc is None:
+                        task.result().close()  # two connected at once: keep one
+                    elif isinstance(exc, ssl.SSLError):
+                        failure = exc
+                        addresses.clear()  # the host's certificate: the same at every address
+                    else:
+                        failure = exc
+                if won is not None:
+                    return won
+        finally:
+            for task in pending:
+                task.cancel()
         assert failure is not None
         raise failure
 
@@ -372,3 +441,11 @@ class WebhookClient:
         if self._ssl is None:  # made on first use: loading the CA store takes milliseconds
             self._ssl = ssl.create_default_context()
         return self._ssl
+
+
+def _interleaved(addresses: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The addresses with their families alternating, the first family first (RFC 8305)."""
+    first = [a for a in addresses if a[0] == addresses[0][0]]
+    other = [a for a in addresses if a[0] != addresses[0][0]]
+    mixed = [a for pair in zip(first, other, strict=False) for a in pair]
+    return mixed + first[len(other) :] + other[len(first) :]

@@ -19,7 +19,7 @@ from flowhook.signing import build_headers
 from flowhook.targets import TargetRefused, check_url
 from flowhook.webhooks.http import (
     EXCERPT_BYTES,
-    InvalidURL,
+    InvalidRequest,
     ResolveError,
     ResponseError,
     WebhookClient,
@@ -81,8 +81,8 @@ async def send(
         return done(error_class="timeout", error_detail=f"no answer within {timeout:g} s")
     except TargetRefused as exc:
         return done(error_class="destination_blocked", error_detail=exc.message)
-    except InvalidURL as exc:
-        return done(error_class="invalid_request", error_detail=f"not a valid URL: {exc}")
+    except InvalidRequest as exc:
+        return done(error_class="invalid_request", error_detail=str(exc))
     except ResolveError as exc:
         return done(error_class="dns", error_detail=str(exc))
     except ssl.SSLError as exc:  # certificate errors are SSLErrors too

@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvloop
@@ -19,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from flowhook.targets import TargetRefused
-from flowhook.webhooks.http import InvalidURL, ResolveError, ResponseError, WebhookClient
+from flowhook.webhooks.http import InvalidRequest, ResolveError, ResponseError, WebhookClient
 from flowhook.webhooks.sender import send
 from tests.conftest import Receiver
 
@@ -148,9 +150,8 @@ async def test_a_connection_that_dies_in_the_pool_unnoticed_is_retried_once(
     server = await raw(lambda n: OK)
     client = WebhookClient(allow_private=True)
     assert (await client.post(server.url, b"{}", {})).status == 200
-    [kept] = client._idle[next(iter(client._idle))]
-    kept.closed = False  # as if the close had not been seen yet when the request is written
-    server.answer = lambda n: None if n == 1 else OK  # the server drops it without a word
+    # the server reads the next request on the kept connection, then drops it unanswered
+    server.answer = lambda n: None if n == 1 else OK
     assert (await client.post(server.url, b"{}", {})).status == 200
     await client.close()
     assert (server.connections, len(server.requests)) == (2, 3)
@@ -196,15 +197,110 @@ async def test_a_long_answer_is_cut_to_the_excerpt_and_its_connection_closed(
     assert not client._idle.get(next(iter(client._idle), ("", "", 0)))
 
 
-async def test_idle_connections_expire(raw: Callable[..., Raw]) -> None:
+async def test_idle_connections_are_closed_when_they_expire(raw: Callable[..., Raw]) -> None:
     server = await raw(lambda n: OK)
-    client = WebhookClient(allow_private=True, idle_seconds=0.05)
+    client = WebhookClient(allow_private=True, idle_seconds=0.3)
     await client.post(server.url, b"{}", {})
-    await client.post(server.url, b"{}", {})
-    await asyncio.sleep(0.1)
+    [kept] = client._idle[next(iter(client._idle))]
+    assert not kept.closed
+    await asyncio.sleep(0.6)  # no request meanwhile: the timer closes it
+    assert kept.closed
     await client.post(server.url, b"{}", {})
     await client.close()
     assert server.connections == 2
+
+
+async def test_the_answer_decides_whether_its_connection_is_kept(raw: Callable[..., Raw]) -> None:
+    answers = [
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",  # 1.0: not kept
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ]
+    server = await raw(lambda n: answers[n])  # the server never closes: the client decides
+    client = WebhookClient(allow_private=True)
+    assert [(await client.post(server.url, b"{}", {})).body for _ in answers] == [b"ok"] * 3
+    await client.close()
+    assert server.connections == 2
+
+
+async def test_a_slow_body_is_answered_with_what_came(raw: Callable[..., Raw]) -> None:
+    # the first chunk of the body, then nothing: the status stands (no timeout, no retry)
+    server = await raw(
+        lambda n: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nack\r\n"
+    )
+    client = WebhookClient(allow_private=True)
+    async with asyncio.timeout(2):
+        response = await client.post(server.url, b"{}", {})
+    assert (response.status, response.body) == (200, b"ack")
+    assert not any(client._idle.values())  # its connection is not kept
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70_000, "headers exceed 65536 bytes"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n", "more than 100 header lines"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: ws\r\nConnection: upgrade\r\n\r\n", "101"),
+    ],
+)
+async def test_answers_too_big_or_not_http_fail_the_attempt(
+    raw: Callable[..., Raw], answer: bytes, error: str
+) -> None:
+    server = await raw(lambda n: answer)
+    client = WebhookClient(allow_private=True)
+    with pytest.raises(ResponseError, match=error):
+        await client.post(server.url, b"{}", {})
+
+
+async def test_bytes_after_an_answer_do_not_spoil_the_next(raw: Callable[..., Raw]) -> None:
+    server = await raw(lambda n: OK + b"HTTP/1.1 5" if n == 0 else OK)
+    client = WebhookClient(allow_private=True)
+    for _ in range(2):
+        assert (await client.post(server.url, b"{}", {})).status == 200
+    await client.close()
+    assert server.connections == 2
+
+
+async def test_a_header_with_a_line_break_is_refused(raw: Callable[..., Raw]) -> None:
+    server = await raw(lambda n: OK)
+    client = WebhookClient(allow_private=True)
+    for bad in ({"X-Event": "a\r\nX-Injected: 1"}, {"X-Event": "a\nb"}, {"X\rY": "1"}):
+        with pytest.raises(InvalidRequest, match="line break"):
+            await client.post(server.url, b"{}", bad)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("hangs", [False, True])
+async def test_the_next_address_is_tried_when_one_fails_or_is_slow(
+    raw: Callable[..., Raw], monkeypatch: pytest.MonkeyPatch, hangs: bool
+) -> None:
+    server = await raw(lambda n: OK)
+    client = WebhookClient(allow_private=True)
+    loop = asyncio.get_running_loop()
+    connect = loop.create_connection
+
+    async def addresses(target: object) -> list[tuple[int, str]]:
+        return [(socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")]
+
+    async def create_connection(factory: Any, host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "::1" and hangs:  # a route that drops the SYN: no answer, ever
+            await asyncio.sleep(3600)
+        return await connect(factory, host, *args, **kwargs)  # ::1: refused (IPv4 server)
+
+    monkeypatch.setattr(client, "_addresses", addresses)
+    monkeypatch.setattr(loop, "create_connection", create_connection)
+    async with asyncio.timeout(3):  # one after the other, the hanging one would take it all
+        assert (await client.post(server.url, b"{}", {})).status == 200
+    await client.close()
+    assert server.connections == 1
+
+
+def test_addresses_alternate_by_family() -> None:
+    from flowhook.webhooks.http import _interleaved
+
+    assert _interleaved([(10, "a"), (10, "b"), (10, "c"), (2, "x")]) == [
+        (10, "a"), (2, "x"), (10, "b"), (10, "c"),
+    ]  # fmt: skip
 
 
 async def test_a_request_cut_short_closes_its_connection(raw: Callable[..., Raw]) -> None:
@@ -232,7 +328,7 @@ async def test_the_guard_refuses_private_addresses_and_names(raw: Callable[..., 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/", "http:///no-host", "http://[::1/"])
 async def test_a_url_it_cannot_send_to_is_refused_before_any_connection(url: str) -> None:
-    with pytest.raises(InvalidURL):
+    with pytest.raises(InvalidRequest):
         await WebhookClient().post(url, b"{}", {})
 
 
@@ -297,7 +393,9 @@ def _certificate(directory: Path) -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(hours=1))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -315,7 +413,7 @@ def _certificate(directory: Path) -> tuple[Path, Path]:
     return cert_file, key_file
 
 
-async def test_tls_is_verified(tmp_path: Path) -> None:
+async def test_tls_is_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cert_file, key_file = _certificate(tmp_path)
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert_file, key_file)
@@ -332,8 +430,17 @@ async def test_tls_is_verified(tmp_path: Path) -> None:
         )
         for _ in range(2):
             assert (await trusting.post(url, b"{}", {})).status == 200
+        # a name written with its final dot is checked against the certificate without it
+        # (resolved here by hand: this machine's resolver may not know "localhost.")
+
+        async def local(target: object) -> list[tuple[int, str]]:
+            return [(socket.AF_INET, "127.0.0.1")]
+
+        monkeypatch.setattr(trusting, "_addresses", local)
+        dotted = url.replace("127.0.0.1", "localhost.")
+        assert (await trusting.post(dotted, b"{}", {})).status == 200
         await trusting.close()
-        assert server.connections == 1  # the refused handshake never got to it
+        assert server.connections == 2  # the refused handshake never got to it
     finally:
         listening.close()
 
