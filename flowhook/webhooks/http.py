@@ -23,8 +23,8 @@ are at least once anyway. Redirects are not followed, bodies are not decompresse
 ``Accept-Encoding`` is sent), and an answer longer than the excerpt closes its connection.
 
 **What an answer is**: its status stands once its headers are in. The body is read until it
-ends or fills the excerpt; a body still coming after its first bytes is taken as it is and
-its connection closed (a receiver streaming its answer is not a timeout). Headers longer
+ends or fills the excerpt; a body still coming ``BODY_GRACE`` after its first bytes is taken
+as it is and its connection closed (a receiver streaming its answer is not a timeout). Headers longer
 than ``MAX_HEAD_BYTES`` or more than ``MAX_HEADERS`` lines, a protocol switch (101), bytes
 that are not HTTP, or bytes no request asked for fail the attempt or drop the connection:
 a receiver cannot make the sender buffer without bound. Header values we send may not hold
@@ -66,6 +66,10 @@ MAX_HEAD_BYTES = 64 * 1024
 
 MAX_HEADERS = 100
 """An answer may have this many header lines."""
+
+BODY_GRACE = 0.1
+"""Seconds an answer's body may take to end after its first bytes came; past that the
+attempt is answered with what came (a receiver streaming its answer is not a timeout)."""
 
 STAGGER = 0.25
 """Seconds before the next address of a host is tried alongside one not connected yet."""
@@ -137,16 +141,21 @@ class _Connection(asyncio.Protocol):
         self.address: str | None = None
         self.closed = False
         self.expiry: asyncio.TimerHandle | None = None
-        """Closes the connection when it has sat idle too long (while it is kept)."""
+        """While the connection is kept: the client's timer that closes it and lets it go
+        when it has sat idle too long (it also lets go of one the server closed)."""
         self._excerpt = excerpt
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Response] | None = None
         self._headers: dict[str, str] = {}
         self._body = bytearray()
-        self._received = 0
-        """Bytes of the answer so far (counted up to the end of its headers)."""
+        self._heard = False
+        """Whether any byte of the answer came."""
+        self._head_bytes = 0
+        """Bytes of the answer while its headers were not complete."""
         self._header_lines = 0
         self._headers_done = False
+        self._grace: asyncio.TimerHandle | None = None
+        """Answers with the part of the body that came, if the rest is slow to come."""
 
     # -- asyncio -----------------------------------------------------------------------
 
@@ -159,38 +168,53 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None:  # bytes no request asked for: not a connection to keep
             self.close()
             return
-        if not self._headers_done:
-            self._received += len(data)
-            if self._received > MAX_HEAD_BYTES:  # before httptools buffers it
-                self._fail(ResponseError(f"the answer's headers exceed {MAX_HEAD_BYTES} bytes"))
-                return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(ResponseError("the answer switches protocols (101); webhooks need HTTP"))
-            return
-        except httptools.HttpParserError as exc:
-            self._fail(ResponseError(f"the answer is not valid HTTP: {exc}"))
-            return
-        if self._waiter is None:
+        self._heard = True
+        if not self._headers_done:  # at most MAX_HEAD_BYTES before the headers' end
+            room = MAX_HEAD_BYTES - self._head_bytes
+            self._head_bytes += len(data)
+            if len(data) > room:
+                if not self._feed(data[:room]):
+                    return
+                if not self._headers_done:
+                    self._fail(ResponseError(f"the answer's headers exceed {MAX_HEAD_BYTES} bytes"))
+                    return
+                data = data[room:]
+        if not self._feed(data) or self._waiter is None:
             return
         if self._header_lines > MAX_HEADERS:
             self._fail(ResponseError(f"the answer has more than {MAX_HEADERS} header lines"))
-        elif self._body:  # part of the body came, the rest is slow: answer with what came
-            self._answer(keep=False)
+        elif self._body and self._grace is None:  # the body's end is still to come
+            self._grace = asyncio.get_running_loop().call_later(BODY_GRACE, self._as_it_is)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.expiry is not None:
-            self.expiry.cancel()
+        self._cancel_grace()
         if self._waiter is None:
             return
         if self._headers_done:  # the status stands; the body is what came
             self._answer(keep=False)
-        elif self._received:
+        elif self._heard:
             self._fail(ResponseError("the connection closed in the middle of the answer"))
         else:
             self._fail(_Stale())
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; False when the answer failed."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ResponseError("the answer switches protocols (101); webhooks need HTTP"))
+            return False
+        except httptools.HttpParserError as exc:
+            self._fail(ResponseError(f"the answer is not valid HTTP: {exc}"))
+            return False
+        return True
+
+    def _as_it_is(self) -> None:
+        """The rest of the body is slow: answer with its first bytes (the status stands)."""
+        self._grace = None
+        if self._waiter is not None:
+            self._answer(keep=False)
 
     # -- httptools ---------------------------------------------------------------------
 
@@ -221,7 +245,7 @@ class _Connection(asyncio.Protocol):
         if self._parser.get_status_code() < 200:  # an interim answer (100 Continue): the next
             self._headers = {}
             self._headers_done = False
-            self._received = 0
+            self._head_bytes = self._header_lines = 0
             return
         self._answer(keep=self._parser.should_keep_alive())
 
@@ -233,21 +257,26 @@ class _Connection(asyncio.Protocol):
         self._waiter = asyncio.get_running_loop().create_future()
         self._headers = {}
         self._body = bytearray()
-        self._received = 0
-        self._header_lines = 0
+        self._heard = False
+        self._head_bytes = self._header_lines = 0
         self._headers_done = False
         self.transport.write(data)
         return await self._waiter
 
     def close(self) -> None:
         self.closed = True
-        if self.expiry is not None:
-            self.expiry.cancel()
+        self._cancel_grace()
         if self.transport is not None:
             self.transport.close()
 
+    def _cancel_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
     def _answer(self, *, keep: bool) -> None:
         waiter, self._waiter = self._waiter, None
+        self._cancel_grace()
         if not keep:
             self.close()
         status = self._parser.get_status_code()
@@ -320,6 +349,8 @@ class WebhookClient:
         self._closed = True
         for kept in self._idle.values():
             for conn in kept:
+                if conn.expiry is not None:
+                    conn.expiry.cancel()
                 conn.close()
         self._idle.clear()
 
@@ -335,7 +366,7 @@ class WebhookClient:
             conn.close()
         elif not conn.closed:
             loop = asyncio.get_running_loop()
-            conn.expiry = loop.call_later(self.idle_seconds, conn.close)
+            conn.expiry = loop.call_later(self.idle_seconds, self._expire, target.origin, conn)
             self._idle.setdefault(target.origin, []).append(conn)
         return response
 
@@ -349,6 +380,17 @@ class WebhookClient:
             if not conn.closed:
                 return conn
         return None
+
+    def _expire(self, origin: tuple[str, str, int], conn: _Connection) -> None:
+        """Let go of a connection kept for ``idle_seconds`` (or closed by the server
+        meanwhile): close it and take it out of the pool."""
+        conn.expiry = None
+        conn.close()
+        kept = self._idle.get(origin, [])
+        if conn in kept:
+            kept.remove(conn)
+        if not kept:
+            self._idle.pop(origin, None)
 
     async def _connect(self, target: _Target) -> _Connection:
         """A connection to the first of the vetted addresses that answers. The next address
@@ -372,36 +414,38 @@ class WebhookClient:
         addresses = _interleaved(await self._addresses(target))
         if len(addresses) == 1:
             return await attempt(*addresses[0])
-        pending: set[asyncio.Task[_Connection]] = set()
+        started: list[asyncio.Task[_Connection]] = []
+        winner: asyncio.Task[_Connection] | None = None
         failure: BaseException | None = None
         try:
+            pending: set[asyncio.Task[_Connection]] = set()
             while addresses or pending:
                 if addresses:
-                    pending.add(asyncio.ensure_future(attempt(*addresses.pop(0))))
+                    started.append(asyncio.ensure_future(attempt(*addresses.pop(0))))
+                    pending.add(started[-1])
                 done, pending = await asyncio.wait(
                     pending,
                     timeout=STAGGER if addresses else None,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                won: _Connection | None = None
                 for task in done:
                     exc = task.exception()
-                    if exc is None and won is None:
-                        won = task.result()
-                    elif exc is None:
-                        task.result().close()  # two connected at once: keep one
-                    elif isinstance(exc, ssl.SSLError):
-                        failure = exc
-                        addresses.clear()  # the host's certificate: the same at every address
-                    else:
-                        failure = exc
-                if won is not None:
-                    return won
+                    if exc is None:
+                        winner = task
+                        return task.result()
+                    if isinstance(exc, ssl.SSLError):
+                        raise exc  # the host's certificate: the same at every address
+                    failure = failure or exc
         finally:
-            for task in pending:
-                task.cancel()
-        assert failure is not None
-        raise failure
+            for task in started:  # all but the winner: cancelled, or closed if they connected
+                if task is winner:
+                    continue
+                if task.done():
+                    _discard(task)
+                else:
+                    task.cancel()
+                    task.add_done_callback(_discard)
+        raise failure or ResponseError("no address to connect to")
 
     async def _addresses(self, target: _Target) -> list[tuple[int, str]]:
         """The addresses to try, each vetted unless private targets are allowed."""
@@ -441,6 +485,12 @@ class WebhookClient:
         if self._ssl is None:  # made on first use: loading the CA store takes milliseconds
             self._ssl = ssl.create_default_context()
         return self._ssl
+
+
+def _discard(task: asyncio.Task[_Connection]) -> None:
+    """Close the connection of a connect attempt that lost the race (or read its error)."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def _interleaved(addresses: list[tuple[int, str]]) -> list[tuple[int, str]]:

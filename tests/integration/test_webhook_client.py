@@ -28,11 +28,15 @@ from tests.conftest import Receiver
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
+Answer = bytes | None | list[bytes | float | None]
+
+
 class Raw:
     """A server that reads each request whole and answers with ``answer(n)`` (the n-th
-    request, from 0): ``b""`` says nothing, ``None`` closes the connection without a word."""
+    request, from 0): ``b""`` says nothing, ``None`` closes the connection without a word,
+    and a list is done step by step (bytes written, a float slept, ``None`` the close)."""
 
-    def __init__(self, answer: Callable[[int], bytes | None]) -> None:
+    def __init__(self, answer: Callable[[int], Answer]) -> None:
         self.answer = answer
         self.requests: list[bytes] = []
         self.connections = 0
@@ -51,11 +55,14 @@ class Raw:
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
                 answer = self.answer(len(self.requests) - 1)
-                if answer is None:
-                    break
-                writer.write(answer)
-                await writer.drain()
-                if self.close_after_answer:
+                steps = answer if isinstance(answer, list) else [answer]
+                for step in steps:
+                    if isinstance(step, float):
+                        await asyncio.sleep(step)
+                    elif step is not None:
+                        writer.write(step)
+                        await writer.drain()
+                if None in steps or self.close_after_answer:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -65,10 +72,10 @@ class Raw:
 
 
 @pytest.fixture
-async def raw() -> AsyncIterator[Callable[[Callable[[int], bytes | None]], Raw]]:
+async def raw() -> AsyncIterator[Callable[[Callable[[int], Answer]], Raw]]:
     servers: list[asyncio.Server] = []
 
-    async def start(answer: Callable[[int], bytes | None]) -> Raw:
+    async def start(answer: Callable[[int], Answer]) -> Raw:
         server = Raw(answer)
         listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
         servers.append(listening)
@@ -203,8 +210,9 @@ async def test_idle_connections_are_closed_when_they_expire(raw: Callable[..., R
     await client.post(server.url, b"{}", {})
     [kept] = client._idle[next(iter(client._idle))]
     assert not kept.closed
-    await asyncio.sleep(0.6)  # no request meanwhile: the timer closes it
+    await asyncio.sleep(0.6)  # no request meanwhile: the timer closes it and lets it go
     assert kept.closed
+    assert client._idle == {}
     await client.post(server.url, b"{}", {})
     await client.close()
     assert server.connections == 2
@@ -221,6 +229,37 @@ async def test_the_answer_decides_whether_its_connection_is_kept(raw: Callable[.
     assert [(await client.post(server.url, b"{}", {})).body for _ in answers] == [b"ok"] * 3
     await client.close()
     assert server.connections == 2
+
+
+async def test_a_body_in_several_writes_is_read_to_its_end(raw: Callable[..., Raw]) -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    # the last chunk a moment later, as a streaming framework writes it
+    server = await raw(lambda n: [head + b"3\r\nack\r\n", 0.02, b"0\r\n\r\n"])
+    client = WebhookClient(allow_private=True)
+    for _ in range(2):
+        assert (await client.post(server.url, b"{}", {})).body == b"ack"
+    await client.close()
+    assert server.connections == 1  # read to its end, so kept
+
+
+async def test_a_large_body_in_one_read_is_not_taken_for_large_headers(
+    raw: Callable[..., Raw],
+) -> None:
+    body = b"y" * 200_000
+    server = await raw(lambda n: b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n" + body)
+    client = WebhookClient(allow_private=True)
+    response = await client.post(server.url, b"{}", {})
+    await client.close()
+    assert (response.status, response.body) == (200, body[: client.excerpt])
+
+
+async def test_an_interim_answer_then_a_close_is_not_sent_again(raw: Callable[..., Raw]) -> None:
+    server = await raw(lambda n: OK if n == 0 else [b"HTTP/1.1 100 Continue\r\n\r\n", None])
+    client = WebhookClient(allow_private=True)
+    await client.post(server.url, b"{}", {})
+    with pytest.raises(ResponseError, match="in the middle of the answer"):
+        await client.post(server.url, b"{}", {})  # on the kept connection: it was heard
+    assert len(server.requests) == 2
 
 
 async def test_a_slow_body_is_answered_with_what_came(raw: Callable[..., Raw]) -> None:
