@@ -129,7 +129,10 @@ def _target(url: str) -> _Target:
     authority = f"[{host}]" if ":" in host else host
     if port != (443 if scheme == "https" else 80):
         authority = f"{authority}:{port}"
-    head = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
+    try:
+        head = f"POST {path} HTTP/1.1\r\nHost: {authority}\r\n".encode("ascii")
+    except UnicodeEncodeError:  # yarl encodes both; never sent as raw bytes if not
+        raise InvalidRequest(f"not a valid URL: {url}: not ASCII once encoded") from None
     return _Target((scheme, host, port), host, port, scheme == "https", head)
 
 
