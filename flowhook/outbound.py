@@ -1,5 +1,8 @@
-"""Why an outbound HTTP request failed, told one way for webhook attempts
-(:mod:`flowhook.webhooks.sender`) and ``http`` steps (:mod:`flowhook.engine.steps.http`).
+"""Why an aiohttp request failed: the classification of ``http`` steps
+(:mod:`flowhook.engine.steps.http`). Webhook attempts use their own client
+(:mod:`flowhook.webhooks.http`), whose errors :func:`flowhook.webhooks.sender.send` maps to
+the same classes (``destination_blocked``, ``dns``, ``tls``, ``connection``,
+``invalid_request``).
 
 Timeouts are each caller's own (the sender's per-attempt limit; the step's limit, enforced by
 the executor), so they are not classified here: catch ``TimeoutError`` first where it is yours.
