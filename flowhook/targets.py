@@ -10,11 +10,14 @@ NAT64, 6to4 and Teredo IPv6 forms are unwrapped first, any other IPv6 address
 outside global unicast (2000::/3) is refused (so IPv4-compatible ``::7f00:1`` is too), and IPv4 written the old BSD ways (``127.1``,
 ``2130706433``, ``0x7f000001``, ``017700000001``) is read as the address it means.
 
-Two checks at connect time make the URL check a second line, not the only one: for a
-hostname, :class:`GuardedResolver` vets every address DNS returns and hands aiohttp only the
-vetted ones (no DNS rebinding); and :func:`guarded_connector` vets the address of every
-socket just before it connects, literal or resolved, so nothing reaches an address the
-policy refuses whatever path the URL took to it. ``FLOWHOOK_ALLOW_PRIVATE_TARGETS=true``
+Checks at connect time make the URL check a second line, not the only one. For a hostname,
+every address DNS returns is vetted by :func:`only_reachable` and only the vetted ones are
+connected to (no DNS rebinding); a literal address is vetted by :func:`vet_address`. The
+``http`` step's aiohttp client gets both through :func:`guarded_connector` (its
+:class:`GuardedResolver`, and a check of every socket's address just before it connects);
+the webhook client (:mod:`flowhook.webhooks.http`) resolves hosts itself and calls the same
+two functions, so nothing reaches an address the policy refuses whatever path the URL took
+to it. ``FLOWHOOK_ALLOW_PRIVATE_TARGETS=true``
 turns the address checks off (local development).
 """
 
@@ -23,7 +26,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -37,11 +41,14 @@ __all__ = [
     "TargetRefused",
     "check_url",
     "is_blocked_address",
+    "vet_address",
+    "only_reachable",
     "GuardedResolver",
     "guarded_connector",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+T = TypeVar("T")
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
@@ -170,15 +177,39 @@ def _connect_host(url: str, raw_host: str) -> str:
     return host
 
 
-def _check_peer(addr_info: tuple[object, ...]) -> socket.socket:
-    family, type_, proto, _, sockaddr = addr_info
-    address = str(sockaddr[0])  # type: ignore[index]
+def vet_address(address: str) -> None:
+    """Refuse (:class:`TargetRefused`) an address about to be connected to unless it may be
+    reached. ``address`` is an IP address as a resolver or socket gives it; an IPv6 zone
+    (``fe80::1%eth0``) is ignored."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         raise TargetRefused(f"refused to connect to {address!r}: not an IP address") from None
     if is_blocked_address(ip):
         raise TargetRefused(f"{ip} is not a public address; private targets are not allowed")
+
+
+def only_reachable(host: str, found: Iterable[T], address: Callable[[T], str]) -> list[T]:
+    """The items of ``found`` (what resolving ``host`` gave) whose ``address`` may be reached,
+    in their order; :class:`TargetRefused` if there are some but none may be. Every client that
+    resolves a host itself vets the answer here, so DNS cannot rebind it to a private address."""
+    found = list(found)
+    allowed = [item for item in found if not _blocked_text(address(item))]
+    if found and not allowed:
+        raise TargetRefused(f"{host} resolves only to addresses that are not public")
+    return allowed
+
+
+def _blocked_text(address: str) -> bool:
+    try:
+        return is_blocked_address(ipaddress.ip_address(address.split("%", 1)[0]))
+    except ValueError:
+        return True  # not an IP address: nothing a resolver should give, so never connected to
+
+
+def _check_peer(addr_info: tuple[object, ...]) -> socket.socket:
+    family, type_, proto, _, sockaddr = addr_info
+    vet_address(str(sockaddr[0]))  # type: ignore[index]
     return socket.socket(family=family, type=type_, proto=proto)  # type: ignore[arg-type]
 
 
@@ -206,10 +237,7 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         if self._allow_private:
             return results
-        allowed = [r for r in results if not is_blocked_address(ipaddress.ip_address(r["host"]))]
-        if not allowed:
-            raise TargetRefused(f"{host} resolves only to addresses that are not public")
-        return allowed
+        return only_reachable(host, results, lambda result: result["host"])
 
     async def close(self) -> None:
         await self._inner.close()

@@ -44,7 +44,7 @@ from typing import cast
 import httptools
 from yarl import URL
 
-from flowhook.targets import TargetRefused, is_blocked_address
+from flowhook.targets import only_reachable, vet_address
 
 __all__ = [
     "EXCERPT_BYTES",
@@ -457,10 +457,8 @@ class WebhookClient:
         except ValueError:
             literal = None
         if literal is not None:
-            if not self.allow_private and is_blocked_address(literal):
-                raise TargetRefused(
-                    f"{literal} is not a public address; private targets are not allowed"
-                )
+            if not self.allow_private:
+                vet_address(str(literal))
             return [(socket.AF_INET6 if literal.version == 6 else socket.AF_INET, str(literal))]
         loop = asyncio.get_running_loop()
         try:
@@ -473,13 +471,7 @@ class WebhookClient:
             if address not in found:
                 found.append(address)
         if not self.allow_private:
-            found = [
-                (family, address)
-                for family, address in found
-                if not is_blocked_address(ipaddress.ip_address(address.split("%", 1)[0]))
-            ]
-            if not found:
-                raise TargetRefused(f"{target.host} resolves only to addresses that are not public")
+            found = only_reachable(target.host, found, lambda item: item[1])
         if not found:
             raise ResolveError(f"cannot resolve {target.host}: no address")
         return found

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flowhook.targets import TargetRefused, check_url
+from flowhook.targets import TargetRefused, check_url, only_reachable, vet_address
 
 CASES = json.loads((Path(__file__).parents[1] / "data" / "ssrf-cases.json").read_text())
 
@@ -112,3 +112,31 @@ def test_unicode_domain_names_and_spaces_in_paths_still_pass(url: str) -> None:
 def test_localhost_is_refused_in_any_spelling(url: str) -> None:
     with pytest.raises(TargetRefused, match="local address"):
         check_url(url)
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "fe80::1%eth0", "::ffff:10.0.0.1"],
+)
+def test_vet_address_refuses_what_may_not_be_reached(address: str) -> None:
+    with pytest.raises(TargetRefused, match="is not a public address"):
+        vet_address(address)
+
+
+def test_vet_address_passes_public_addresses_and_refuses_non_addresses() -> None:
+    vet_address("93.184.216.34")
+    vet_address("2606:2800:220:1:248:1893:25c8:1946")
+    with pytest.raises(TargetRefused, match="not an IP address"):
+        vet_address("example.com")
+
+
+def test_only_reachable_keeps_public_answers_in_order() -> None:
+    found = [(2, "10.0.0.1"), (10, "2606:4700::1"), (2, "93.184.216.34"), (10, "fd00::1")]
+    kept = only_reachable("mixed.example", found, lambda item: item[1])
+    assert kept == [(10, "2606:4700::1"), (2, "93.184.216.34")]
+
+
+def test_only_reachable_refuses_a_host_that_resolves_only_to_private_addresses() -> None:
+    with pytest.raises(TargetRefused, match=r"rebind\.example resolves only to addresses"):
+        only_reachable("rebind.example", ["127.0.0.1", "192.168.1.1"], str)
+    assert only_reachable("nothing.example", [], str) == []  # no answer is the caller's error
