@@ -375,6 +375,10 @@ _partial(  # the overview page's pending deliveries, oldest first
     "ix_deliveries_pending", "status = 'pending'",
     deliveries.c.workspace_id, deliveries.c.mode, deliveries.c.created_at,
 )  # fmt: skip
+_partial(  # the dispatcher's next due delivery past busy endpoints: each endpoint once
+    "ix_deliveries_endpoint_due", "status = 'pending'",
+    deliveries.c.endpoint_id, deliveries.c.next_attempt_at,
+)  # fmt: skip
 
 delivery_attempts = Table(
     "delivery_attempts",

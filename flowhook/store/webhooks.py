@@ -526,6 +526,10 @@ async def claim_deliveries(
     under a live lease), so a claim does not sort the whole backlog: with 5,000 due it took
     8 ms, most of the dispatcher's time.
     """
+    if busy_endpoints:  # none due past the busy endpoints: nothing to rank (a cheap read)
+        due = await next_due_delivery(conn, busy_endpoints)
+        if due is None or due > now:
+            return []
     ids = await _oldest_due(conn, now, limit, per_endpoint, busy_endpoints)
     if not ids:
         return []
@@ -942,10 +946,38 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
 
 @cache
 def _next_due_statement(busy: bool) -> Any:
-    q = select(func.min(_D.next_attempt_at)).where(_DUE)
-    if busy:
-        q = q.where(_D.endpoint_id.not_in(bindparam("busy", expanding=True)))
-    return q
+    """The earliest ``next_attempt_at`` of a pending delivery, with ``busy``: of an endpoint
+    not in the list ``busy``.
+
+    Leaving endpoints out, a read in ``next_attempt_at`` order would walk all their pending
+    deliveries before it met another's (O(backlog): ~1.5 ms with 30,000 behind a rate-limited
+    endpoint, on every wake-up). So it visits each endpoint that has pending deliveries once
+    instead, from ``ix_deliveries_endpoint_due``: a recursive query steps from one endpoint id
+    to the next (a loose index scan), and takes each one's earliest."""
+    if not busy:
+        return select(func.min(_D.next_attempt_at)).where(_DUE)
+
+    def first(column: Any, *where: Any) -> Any:
+        # ORDER BY the index's own columns, LIMIT 1: one seek in ix_deliveries_endpoint_due
+        # (with min() SQLite took (endpoint_id, status, created_at) and walked delivered rows)
+        return (
+            select(column)
+            .where(_DUE, *where)
+            .order_by(_D.endpoint_id, _D.next_attempt_at)
+            .limit(1)
+            .scalar_subquery()
+        )
+
+    endpoints = select(first(_D.endpoint_id).label("endpoint")).cte(
+        "pending_endpoints", recursive=True
+    )
+    after = first(_D.endpoint_id, _D.endpoint_id > endpoints.c.endpoint)
+    endpoints = endpoints.union_all(select(after).where(endpoints.c.endpoint.is_not(None)))
+    earliest = first(_D.next_attempt_at, _D.endpoint_id == endpoints.c.endpoint)
+    return select(func.min(earliest)).where(
+        endpoints.c.endpoint.is_not(None),
+        endpoints.c.endpoint.not_in(bindparam("busy", expanding=True)),
+    )
 
 
 async def next_due_delivery(

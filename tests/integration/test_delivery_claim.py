@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import orjson
 
 from flowhook.clock import FakeClock
 from flowhook.service import Services
+from flowhook.store import bulk
 from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
+from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
 from tests.integration.test_dispatcher import raise_event, setup
 
@@ -145,3 +148,55 @@ async def test_the_run_queues_due_time_probe(services: Services, db: Database) -
         )
     assert run.run_id == started.run.run_id
     assert await due() == now + LEASE
+
+
+async def test_the_due_time_probe_looks_past_a_busy_endpoints_backlog(
+    services: Services, db: Database
+) -> None:
+    """Past the busy endpoints, the probe finds the earliest pending delivery of the others
+    however many the busy ones have due before it, and leaves out delivered ones; and a claim
+    with nothing due past its busy endpoints takes nothing."""
+    clock = FakeClock()
+    who, (a, b, c) = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
+    await raise_event(db, who, clock, n=30)  # 30 due to each endpoint at t0
+    t0 = clock.now()
+    clock.advance(5)
+    # c's all claimed (leased until t5 + LEASE), b's all delivered: a's backlog comes first.
+    for d in await _claim(db, clock, limit=64, per_endpoint=64, busy=[a, b]):
+        assert d.endpoint_id == c
+    async with db.transaction() as conn:
+        await conn.execute(
+            store.deliveries.update()
+            .where(store.deliveries.c.endpoint_id == b)
+            .values(status="delivered", finished_at=clock.now())
+        )
+    assert await _next_due(db, []) == t0
+    assert await _next_due(db, [a]) == clock.now() + LEASE  # c's leases' end
+    assert await _next_due(db, [c]) == t0
+    assert await _next_due(db, [a, c]) is None  # b has only delivered ones
+    assert await _claim(db, clock, limit=8, per_endpoint=8, busy=[a]) == []
+    assert len(await _claim(db, clock, limit=8, per_endpoint=8, busy=[c])) == 8
+
+
+async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
+    tmp_path: Path,
+) -> None:
+    """On SQLite every read of the probe past busy endpoints is a search of the partial index
+    of pending deliveries by endpoint: one seek per endpoint, not a walk of a backlog or of
+    delivered rows (which the (endpoint_id, status, created_at) index would be). PostgreSQL
+    plans for itself; the results of the test above hold on both."""
+    db = Database(f"sqlite:///{tmp_path / 'plan.db'}")
+    await migrate(db)
+    try:
+        async with db.read() as conn:
+            inline = bulk.inline_sqlite(conn)
+            assert inline is not None
+            compiled = store._next_due_statement(True).compile(dialect=conn.dialect)
+            sql = str(compiled).replace("(__[POSTCOMPILE_busy])", "(?)")
+            values = ["x" if n == "busy" else compiled.params[n] for n in compiled.positiontup]
+            plan = [row[3] for row in inline.raw.execute("EXPLAIN QUERY PLAN " + sql, values)]
+    finally:
+        await db.dispose()
+    reads = [step for step in plan if "deliveries" in step]
+    assert len(reads) == 3, plan
+    assert all("USING INDEX ix_deliveries_endpoint_due" in step for step in reads), plan
