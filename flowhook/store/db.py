@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -52,6 +53,38 @@ WAL_SIZE_LIMIT = 64 * 1024 * 1024
 CONFLICT_BACKOFF = 0.01
 """Seconds before the first retry after a lost conflict; doubled each time, jittered ×0.5–1.5
 so the two sides of a deadlock do not meet again in step."""
+
+
+IDLE_PING = 1.0
+"""Seconds a PostgreSQL connection may sit in the pool before its next use pings it first."""
+
+
+def _ping_when_idle(engine: AsyncEngine) -> None:
+    """Ping a PostgreSQL connection when it is taken from the pool after sitting there more
+    than :data:`IDLE_PING` seconds; one that fails is replaced by a new one (the pool's own
+    retry on :class:`~sqlalchemy.exc.DisconnectionError`).
+
+    SQLAlchemy's ``pool_pre_ping`` pings at every checkout, and asyncpg's ping is three round
+    trips (``BEGIN``, an empty query, ``ROLLBACK``): on a busy service that doubled the round
+    trips of a short transaction. A connection in steady use does not need it. One that a
+    restarted server closed meanwhile fails its first statement instead; SQLAlchemy then takes
+    the error for a disconnect and replaces every connection of the pool made before it, and
+    the caller sees :class:`~flowhook.errors.StoreUnavailable`, which the consumers retry and
+    the API answers with 503, as during the outage itself."""
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _idle_from(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _ping(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since <= IDLE_PING:
+            return
+        try:
+            dbapi_connection.ping()
+        except Exception as exc:  # any failure: not a usable connection
+            raise sa_exc.DisconnectionError(f"ping failed: {exc}") from exc
 
 
 def _json_dumps(value: Any) -> str:
@@ -95,10 +128,17 @@ class Database:
                 self.async_url,
                 pool_size=pool_size,
                 max_overflow=pool_size,
-                pool_pre_ping=True,  # a restarted server's dead connections are replaced
+                pool_use_lifo=True,  # the last connection returned is the next one taken:
+                # a busy process keeps reusing a few warm ones, which skip the idle ping
                 **common,
             )
+            _ping_when_idle(engine)  # a restarted server's dead connections are replaced
             self.writer = self.reader = engine
+        self._reads = (
+            self.reader
+            if self.is_sqlite
+            else self.reader.execution_options(isolation_level="AUTOCOMMIT")
+        )
         _carry_keyring(self.writer, self.keyring)
         if self.reader is not self.writer:
             _carry_keyring(self.reader, self.keyring)
@@ -148,8 +188,12 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only snapshot."""
-        async with _translated(), self.reader.begin() as conn:
+        """A connection for reads. On SQLite a read transaction: one snapshot for every
+        statement in the block. On PostgreSQL no transaction (autocommit): at its READ
+        COMMITTED level each statement takes its own snapshot anyway, so a ``BEGIN`` and a
+        ``COMMIT`` would only add two round trips to every read (the engine's and the
+        dispatcher's due-time probes, the API's lookups)."""
+        async with _translated(), self._reads.connect() as conn:
             yield conn
 
     async def ping(self) -> None:

@@ -1,0 +1,95 @@
+"""PostgreSQL's pool: a connection that sat idle is pinged before use and replaced if the
+server closed it; one in steady use is not pinged (asyncpg's ping is three round trips), and
+if the server closed it, its first use fails as ``StoreUnavailable`` once and the pool then
+replaces every connection made before."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+from flowhook.errors import StoreUnavailable
+from flowhook.store import db as db_module
+from flowhook.store.db import Database
+from tests.conftest import TEST_SECRET_KEY
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def pg(pg_url: str) -> AsyncIterator[Database]:
+    database = Database(pg_url, secret_key=TEST_SECRET_KEY, pool_size=2)
+    yield database
+    await database.dispose()
+
+
+@pytest.fixture
+def pings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the pings of the asyncpg connections."""
+    made: list[int] = []
+    ping = AsyncAdapt_asyncpg_connection.ping
+
+    def counted(self: Any) -> Any:
+        made.append(1)
+        return ping(self)
+
+    monkeypatch.setattr(AsyncAdapt_asyncpg_connection, "ping", counted)
+    return made
+
+
+async def _backend(db: Database) -> int:
+    async with db.read() as conn:
+        return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+
+async def _terminate(pg_url: str, pid: int) -> None:
+    admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await admin.close()
+    await asyncio.sleep(0.05)  # the server closes the socket
+
+
+async def test_a_connection_in_steady_use_is_not_pinged(pg: Database, pings: list[int]) -> None:
+    first = await _backend(pg)
+    for _ in range(20):
+        assert await _backend(pg) == first  # the last one returned is taken again (LIFO)
+    assert pings == []
+
+
+async def test_an_idle_connection_the_server_closed_is_replaced_before_use(
+    pg: Database, pg_url: str, pings: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await _backend(pg)
+    await _terminate(pg_url, first)
+    monkeypatch.setattr(db_module, "IDLE_PING", 0.0)  # it has sat idle long enough
+    again = await _backend(pg)
+    assert again != first
+    assert pings  # found dead by the ping, not by a failed statement
+
+
+async def test_a_warm_connection_the_server_closed_fails_once_then_the_pool_recovers(
+    pg: Database, pg_url: str, pings: list[int]
+) -> None:
+    async def both() -> tuple[int, int]:  # two connections in the pool
+        async with pg.read() as a, pg.read() as b:
+            one = (await a.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            two = (await b.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        return int(one), int(two)
+
+    one, two = await both()
+    await _terminate(pg_url, one)
+    await _terminate(pg_url, two)
+    with pytest.raises(StoreUnavailable):
+        await _backend(pg)
+    # The failure replaced the pool's older connections too: no second failure.
+    fresh = {await _backend(pg) for _ in range(3)}
+    assert not fresh & {one, two}
+    assert pings == []
