@@ -61,8 +61,9 @@ IDLE_PING = 1.0
 
 def _ping_when_idle(engine: AsyncEngine) -> None:
     """Ping a PostgreSQL connection when it is taken from the pool after sitting there more
-    than :data:`IDLE_PING` seconds; one that fails is replaced by a new one (the pool's own
-    retry on :class:`~sqlalchemy.exc.DisconnectionError`).
+    than :data:`IDLE_PING` seconds; if the ping fails, that connection and every one made
+    before it are replaced (the pool's own retry on
+    :class:`~sqlalchemy.exc.InvalidatePoolError`).
 
     SQLAlchemy's ``pool_pre_ping`` pings at every checkout, and asyncpg's ping is three round
     trips (``BEGIN``, an empty query, ``ROLLBACK``): on a busy service that doubled the round
@@ -84,7 +85,9 @@ def _ping_when_idle(engine: AsyncEngine) -> None:
         try:
             dbapi_connection.ping()
         except Exception as exc:  # any failure: not a usable connection
-            raise sa_exc.DisconnectionError(f"ping failed: {exc}") from exc
+            # as pool_pre_ping does: this connection and every one made before it are
+            # replaced (a server that closed one has most likely closed them all)
+            raise sa_exc.InvalidatePoolError(f"ping failed: {exc}") from exc
 
 
 def _json_dumps(value: Any) -> str:
@@ -134,10 +137,8 @@ class Database:
             )
             _ping_when_idle(engine)  # a restarted server's dead connections are replaced
             self.writer = self.reader = engine
-        self._reads = (
-            self.reader
-            if self.is_sqlite
-            else self.reader.execution_options(isolation_level="AUTOCOMMIT")
+        self._autocommit_reads = (
+            None if self.is_sqlite else self.reader.execution_options(isolation_level="AUTOCOMMIT")
         )
         _carry_keyring(self.writer, self.keyring)
         if self.reader is not self.writer:
@@ -193,8 +194,12 @@ class Database:
         COMMITTED level each statement takes its own snapshot anyway, so a ``BEGIN`` and a
         ``COMMIT`` would only add two round trips to every read (the engine's and the
         dispatcher's due-time probes, the API's lookups)."""
-        async with _translated(), self._reads.connect() as conn:
-            yield conn
+        if self._autocommit_reads is None:  # begun at once: raw statements are inside it too
+            async with _translated(), self.reader.begin() as conn:
+                yield conn
+        else:
+            async with _translated(), self._autocommit_reads.connect() as conn:
+                yield conn
 
     async def ping(self) -> None:
         async with self.read() as conn:

@@ -944,18 +944,36 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+NEXT_DUE_SLICE = 128
+"""Pending deliveries, earliest first, that the due-time probe reads before it looks past the
+busy endpoints one endpoint at a time (see :func:`next_due_delivery`)."""
+
+
 @cache
 def _next_due_statement(busy: bool) -> Any:
-    """The earliest ``next_attempt_at`` of a pending delivery, with ``busy``: of an endpoint
-    not in the list ``busy``.
-
-    Leaving endpoints out, a read in ``next_attempt_at`` order would walk all their pending
-    deliveries before it met another's (O(backlog): ~1.5 ms with 30,000 behind a rate-limited
-    endpoint, on every wake-up). So it visits each endpoint that has pending deliveries once
-    instead, from ``ix_deliveries_endpoint_due``: a recursive query steps from one endpoint id
-    to the next (a loose index scan), and takes each one's earliest."""
+    """The earliest ``next_attempt_at`` of a pending delivery; with ``busy``, of those among
+    the first :data:`NEXT_DUE_SLICE` (earliest first) whose endpoint is not in ``busy``."""
     if not busy:
         return select(func.min(_D.next_attempt_at)).where(_DUE)
+    earliest = (
+        select(_D.endpoint_id, _D.next_attempt_at)
+        .where(_DUE)
+        .order_by(_D.next_attempt_at)
+        .limit(NEXT_DUE_SLICE)
+        .subquery()
+    )
+    return select(func.min(earliest.c.next_attempt_at)).where(
+        earliest.c.endpoint_id.not_in(bindparam("busy", expanding=True))
+    )
+
+
+@cache
+def _next_due_past_statement() -> Any:
+    """The earliest ``next_attempt_at`` of a pending delivery of an endpoint not in ``busy``,
+    visiting each endpoint that has pending deliveries once, from
+    ``ix_deliveries_endpoint_due``: a recursive query steps from one endpoint id to the next
+    (a loose index scan) and takes each one's earliest. Its cost grows with those endpoints,
+    not with their backlogs."""
 
     def first(column: Any, *where: Any) -> Any:
         # ORDER BY the index's own columns, LIMIT 1: one seek in ix_deliveries_endpoint_due
@@ -984,14 +1002,28 @@ async def next_due_delivery(
     conn: AsyncConnection, busy_endpoints: Sequence[str] = ()
 ) -> datetime | None:
     """When the next pending delivery falls due, leaving out endpoints that cannot take more
-    now (they wake the dispatcher themselves when they can)."""
+    now (they wake the dispatcher themselves when they can).
+
+    With busy endpoints, the earliest :data:`NEXT_DUE_SLICE` pending deliveries are read
+    first: one of another endpoint among them is the answer. Only when all are the busy
+    endpoints' does the probe look past them endpoint by endpoint. A read in due order alone
+    walked the busy endpoints' whole backlog (~1.5 ms with 30,000 behind a rate-limited
+    endpoint, on every wake-up); the endpoint-by-endpoint read alone grew with the endpoints
+    that have anything pending (~5 ms with 5,000 of them)."""
     busy = list(busy_endpoints)
-    params = {"busy": busy} if busy else {}
+    found = await _scalar(conn, _next_due_statement(bool(busy)), {"busy": busy} if busy else {})
+    if found is None and busy:
+        found = await _scalar(conn, _next_due_past_statement(), {"busy": busy})
+    return found
+
+
+async def _scalar(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> datetime | None:
+    """The one datetime (or NULL) ``stmt`` selects, aware, on either path."""
     inline = bulk.inline_sqlite(conn)
     if inline is not None:
-        [(found,)] = await bulk.run_raw(inline, _next_due_statement(bool(busy)), params)
+        [(found,)] = await bulk.run_raw(inline, stmt, params)
         return bulk.stored_datetime(found)
-    value = (await conn.execute(_next_due_statement(bool(busy)), params)).scalar_one_or_none()
+    value = (await conn.execute(stmt, params)).scalar_one_or_none()
     if value is None:
         return None
     assert isinstance(value, datetime)

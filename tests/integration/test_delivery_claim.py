@@ -5,10 +5,12 @@ endpoints, per-endpoint cap and limit, and the due-time probe its own busy endpo
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import orjson
+import pytest
 
 from flowhook.clock import FakeClock
 from flowhook.service import Services
@@ -17,7 +19,7 @@ from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
-from flowhook.store.models import Mode
+from flowhook.store.models import DeliveryStatus, Mode
 from tests.integration.test_dispatcher import raise_event, setup
 
 LEASE = timedelta(seconds=30)
@@ -150,30 +152,42 @@ async def test_the_run_queues_due_time_probe(services: Services, db: Database) -
     assert await due() == now + LEASE
 
 
+@pytest.fixture(params=["slice", "past"])
+def probe_stage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The probe's answer from its first stage (the earliest pending deliveries hold one of
+    another endpoint) or its second (a slice of one: every time only busy ones)."""
+    if request.param == "past":
+        monkeypatch.setattr(store, "NEXT_DUE_SLICE", 1)
+    store._next_due_statement.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    store._next_due_statement.cache_clear()
+
+
 async def test_the_due_time_probe_looks_past_a_busy_endpoints_backlog(
-    services: Services, db: Database
+    services: Services, db: Database, probe_stage: str
 ) -> None:
     """Past the busy endpoints, the probe finds the earliest pending delivery of the others
-    however many the busy ones have due before it, and leaves out delivered ones; and a claim
+    however many the busy ones have due before it, and leaves out finished ones; and a claim
     with nothing due past its busy endpoints takes nothing."""
     clock = FakeClock()
     who, (a, b, c) = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
     await raise_event(db, who, clock, n=30)  # 30 due to each endpoint at t0
     t0 = clock.now()
     clock.advance(5)
-    # c's all claimed (leased until t5 + LEASE), b's all delivered: a's backlog comes first.
+    # c's all claimed (leased until t5 + LEASE), b's all succeeded: a's backlog comes first.
     for d in await _claim(db, clock, limit=64, per_endpoint=64, busy=[a, b]):
         assert d.endpoint_id == c
     async with db.transaction() as conn:
         await conn.execute(
             store.deliveries.update()
             .where(store.deliveries.c.endpoint_id == b)
-            .values(status="delivered", finished_at=clock.now())
+            .values(status=DeliveryStatus.SUCCEEDED.value, finished_at=clock.now())
         )
     assert await _next_due(db, []) == t0
     assert await _next_due(db, [a]) == clock.now() + LEASE  # c's leases' end
     assert await _next_due(db, [c]) == t0
-    assert await _next_due(db, [a, c]) is None  # b has only delivered ones
+    assert await _next_due(db, [a, c]) is None  # b has only succeeded ones
     assert await _claim(db, clock, limit=8, per_endpoint=8, busy=[a]) == []
     assert len(await _claim(db, clock, limit=8, per_endpoint=8, busy=[c])) == 8
 
@@ -191,7 +205,7 @@ async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
         async with db.read() as conn:
             inline = bulk.inline_sqlite(conn)
             assert inline is not None
-            compiled = store._next_due_statement(True).compile(dialect=conn.dialect)
+            compiled = store._next_due_past_statement().compile(dialect=conn.dialect)
             sql = str(compiled).replace("(__[POSTCOMPILE_busy])", "(?)")
             values = ["x" if n == "busy" else compiled.params[n] for n in compiled.positiontup]
             plan = [row[3] for row in inline.raw.execute("EXPLAIN QUERY PLAN " + sql, values)]

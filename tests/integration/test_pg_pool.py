@@ -93,3 +93,25 @@ async def test_a_warm_connection_the_server_closed_fails_once_then_the_pool_reco
     fresh = {await _backend(pg) for _ in range(3)}
     assert not fresh & {one, two}
     assert pings == []
+
+
+async def test_a_failed_ping_replaces_the_older_connections_too(
+    pg: Database, pg_url: str, pings: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``pool_pre_ping`` did: once a ping finds the server closed one connection, the
+    others made before it are replaced too, so a warm one (not pinged) does not fail after."""
+
+    async def both() -> tuple[int, int]:
+        async with pg.read() as a, pg.read() as b:
+            one = (await a.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            two = (await b.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        return int(one), int(two)
+
+    one, two = await both()
+    await _terminate(pg_url, one)
+    await _terminate(pg_url, two)
+    monkeypatch.setattr(db_module, "IDLE_PING", 0.0)
+    await _backend(pg)  # pinged, found closed: the pool is renewed
+    assert pings
+    monkeypatch.setattr(db_module, "IDLE_PING", 3600.0)  # no more pings from here
+    assert not set(await both()) & {one, two}
