@@ -610,7 +610,7 @@ def _due_statement() -> Any:
 
 
 @cache
-def _oldest_due_statement(sqlite: bool, busy: bool) -> Any:
+def _oldest_due_statement(busy: bool) -> Any:
     """The ids of up to ``limit`` due deliveries at ``now``, oldest first, at most
     ``per_endpoint`` of any one endpoint, from a ``window`` of the oldest due (and with
     ``busy``: none of the endpoints ``busy``)."""
@@ -621,8 +621,6 @@ def _oldest_due_statement(sqlite: bool, busy: bool) -> Any:
         .order_by(_D.due_at)
         .limit(bindparam("window", type_=Integer))
     )
-    if sqlite:
-        window = window.with_hint(deliveries, "INDEXED BY ix_deliveries_due_at", "sqlite")
     if busy:
         window = window.where(_D.endpoint_id.not_in(bindparam("busy", expanding=True)))
     oldest = window.subquery()
@@ -658,10 +656,8 @@ async def _oldest_due(
         params["busy"] = busy
     inline = bulk.inline_sqlite(conn)
     if inline is not None:
-        stmt = _oldest_due_statement(True, bool(busy))
-        return [r[0] for r in await bulk.run_raw(inline, stmt, params)]
-    stmt = _oldest_due_statement(conn.dialect.name == "sqlite", bool(busy))
-    return list((await conn.execute(stmt, params)).scalars())
+        return [r[0] for r in await bulk.run_raw(inline, _oldest_due_statement(bool(busy)), params)]
+    return list((await conn.execute(_oldest_due_statement(bool(busy)), params)).scalars())
 
 
 async def reserve_send(conn: AsyncConnection, endpoint_id: str, now: datetime) -> datetime:

@@ -4,10 +4,12 @@ endpoints, per-endpoint cap and limit, and the due-time probe its own busy endpo
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -192,6 +194,27 @@ async def test_the_due_time_probe_looks_past_a_busy_endpoints_backlog(
     assert len(await _claim(db, clock, limit=8, per_endpoint=8, busy=[c])) == 8
 
 
+async def _sqlite_plan(tmp_path: Path, stmt: Any) -> list[str]:
+    """SQLite's ``EXPLAIN QUERY PLAN`` of ``stmt`` on a migrated, empty database (a list
+    parameter bound to one value, every other to a placeholder value)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    db = Database(f"sqlite:///{tmp_path / 'plan.db'}")
+    await migrate(db)
+    try:
+        async with db.read() as conn:
+            inline = bulk.inline_sqlite(conn)
+            assert inline is not None
+            compiled = stmt.compile(dialect=conn.dialect)
+            sql = re.sub(r"\(__\[POSTCOMPILE_\w+\]\)", "(?)", str(compiled))
+            values = [
+                1 if compiled.params.get(n) is None else compiled.params[n]
+                for n in compiled.positiontup or ()
+            ]
+            return [row[3] for row in inline.raw.execute("EXPLAIN QUERY PLAN " + sql, values)]
+    finally:
+        await db.dispose()
+
+
 async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
     tmp_path: Path,
 ) -> None:
@@ -199,18 +222,25 @@ async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
     of pending deliveries by endpoint: one seek per endpoint, not a walk of a backlog or of
     delivered rows (which the (endpoint_id, status, created_at) index would be). PostgreSQL
     plans for itself; the results of the test above hold on both."""
-    db = Database(f"sqlite:///{tmp_path / 'plan.db'}")
-    await migrate(db)
-    try:
-        async with db.read() as conn:
-            inline = bulk.inline_sqlite(conn)
-            assert inline is not None
-            compiled = store._next_due_past_statement().compile(dialect=conn.dialect)
-            sql = str(compiled).replace("(__[POSTCOMPILE_busy])", "(?)")
-            values = ["x" if n == "busy" else compiled.params[n] for n in compiled.positiontup]
-            plan = [row[3] for row in inline.raw.execute("EXPLAIN QUERY PLAN " + sql, values)]
-    finally:
-        await db.dispose()
+    plan = await _sqlite_plan(tmp_path, store._next_due_past_statement())
     reads = [step for step in plan if "deliveries" in step]
     assert len(reads) == 3, plan
     assert all("USING INDEX ix_deliveries_endpoint_due" in step for step in reads), plan
+
+
+async def test_the_claims_read_their_partial_indexes_in_order(tmp_path: Path) -> None:
+    """SQLite picks the indexes the claims are written for (SQLAlchemy renders no ``INDEXED
+    BY`` hint for it, so nothing forces them): the delivery window reads pending deliveries
+    by ``due_at``; the run claim reads priority-0 runs by ``due_at`` and the others from the
+    partial index that holds only them."""
+    window = await _sqlite_plan(tmp_path / "w", store._oldest_due_statement(True))
+    assert [s for s in window if "deliveries" in s] == [
+        "SEARCH deliveries USING INDEX ix_deliveries_due_at (due_at<?)"
+    ], window
+    claim = await _sqlite_plan(tmp_path / "r", runs_store._claim_statement(False))
+    reads = [s for s in claim if s.startswith("SEARCH runs USING INDEX")]
+    assert reads == [
+        "SEARCH runs USING INDEX ix_runs_priority (priority>?)",
+        "SEARCH runs USING INDEX ix_runs_due_at (due_at<?)",
+        "SEARCH runs USING INDEX ix_runs_priority (priority<?)",
+    ], claim

@@ -8,8 +8,9 @@ already holds as many deliveries of as it may (busy ones), and claims only when 
 others has a delivery due. Read from ``ix_deliveries_due`` (``next_attempt_at``) that
 question walked every pending delivery of the busy endpoints first: with a rate-limited
 endpoint 30,000 deliveries behind, each read took ~1.5 ms and a healthy endpoint beside it
-got a third of its deliveries a second. This index (pending rows only, so it stays small)
-lets the read visit each endpoint that has pending deliveries once, whatever its backlog.
+got two fifths of its deliveries a second. This index (pending rows only, so it stays small)
+lets the read visit each endpoint that has pending deliveries once, whatever its backlog
+(when the earliest pending deliveries are all the busy endpoints').
 """
 
 from __future__ import annotations
