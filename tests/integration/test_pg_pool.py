@@ -48,6 +48,14 @@ async def _backend(db: Database) -> int:
         return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
 
 
+async def _two_backends(db: Database) -> tuple[int, int]:
+    """The server processes of two connections of the pool, both held at once."""
+    async with db.read() as a, db.read() as b:
+        one = (await a.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        two = (await b.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    return int(one), int(two)
+
+
 async def _terminate(pg_url: str, pid: int) -> None:
     admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
@@ -78,13 +86,7 @@ async def test_an_idle_connection_the_server_closed_is_replaced_before_use(
 async def test_a_warm_connection_the_server_closed_fails_once_then_the_pool_recovers(
     pg: Database, pg_url: str, pings: list[int]
 ) -> None:
-    async def both() -> tuple[int, int]:  # two connections in the pool
-        async with pg.read() as a, pg.read() as b:
-            one = (await a.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-            two = (await b.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        return int(one), int(two)
-
-    one, two = await both()
+    one, two = await _two_backends(pg)
     await _terminate(pg_url, one)
     await _terminate(pg_url, two)
     with pytest.raises(StoreUnavailable):
@@ -101,17 +103,11 @@ async def test_a_failed_ping_replaces_the_older_connections_too(
     """As ``pool_pre_ping`` did: once a ping finds the server closed one connection, the
     others made before it are replaced too, so a warm one (not pinged) does not fail after."""
 
-    async def both() -> tuple[int, int]:
-        async with pg.read() as a, pg.read() as b:
-            one = (await a.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-            two = (await b.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        return int(one), int(two)
-
-    one, two = await both()
+    one, two = await _two_backends(pg)
     await _terminate(pg_url, one)
     await _terminate(pg_url, two)
     monkeypatch.setattr(db_module, "IDLE_PING", 0.0)
     await _backend(pg)  # pinged, found closed: the pool is renewed
     assert pings
     monkeypatch.setattr(db_module, "IDLE_PING", 3600.0)  # no more pings from here
-    assert not set(await both()) & {one, two}
+    assert not set(await _two_backends(pg)) & {one, two}
