@@ -353,7 +353,9 @@ async def test_every_overview_read_uses_an_index(
 
     used: set[str] = set()
     plans: list[str] = []
-    async with db.read() as conn:
+    # A transaction, not db.read(): on PostgreSQL reads run in autocommit, where SET LOCAL
+    # would last for no statement after it.
+    async with db.transaction() as conn:
         if db.dialect == "postgresql":
             await conn.execute(text("SET LOCAL enable_seqscan = off"))
         for sql, params in statements:
@@ -373,5 +375,6 @@ async def test_every_overview_read_uses_an_index(
         # (an earlier test's); either is an index range (bench/overview.py times the read
         # with 300,000 deliveries).
         used.add("ix_deliveries_pending")
-        assert "ix_deliveries_due_at" in "\n".join(plans)
+        pending_only = ("ix_deliveries_due_at", "ix_deliveries_due", "ix_deliveries_endpoint_due")
+        assert any(name in "\n".join(plans) for name in pending_only), plans
     assert used == INDEXES
