@@ -20,50 +20,25 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Receiver, Server, secret_key_for
+from harness import Receiver, Server, direct_store, queue_events
 
 
 async def _round(backlog: int, healthy: int) -> float:
-    from flowhook.clock import SystemClock
-    from flowhook.config import Settings
-    from flowhook.events import make_event
-    from flowhook.service import Services
-    from flowhook.store import events as events_store
-    from flowhook.store.db import Database
-    from flowhook.store.migrate import migrate
-    from flowhook.store.models import Mode
-    from flowhook.store.wakeup import Wakeup
-
     work = Path(tempfile.mkdtemp(prefix="flowhook-busy-"))
     url = f"sqlite:///{work / 'bench.db'}"
     server = Server(database_url=url, workdir=work)
     async with Receiver() as slow, Receiver() as quick:
-        db = Database(url, secret_key=secret_key_for(url))
-        await migrate(db)
-        settings = Settings(database_url=url, allow_private_targets=True)
-        services = Services(db, SystemClock(), settings, Wakeup())
-        created = await services.keys.create(Mode.TEST, "bench")
-        who = await services.keys.authenticate(f"Bearer {created.key}")
-        a = await services.webhooks.create_endpoint(
-            who, url=slow.url(0), events=["flow.failed"], rate_limit=2
-        )
-        b = await services.webhooks.create_endpoint(
-            who, url=quick.url(0), events=["flow.completed"]
-        )
-        slow.secrets["/hook/0"], quick.secrets["/hook/0"] = a.secret.encode(), b.secret.encode()
-        clock = SystemClock()
-        for kind, count in (("flow.failed", backlog), ("flow.completed", healthy)):
-            for start in range(0, count, 1000):
-                batch = [
-                    make_event(
-                        kind, workspace_id=who.workspace_id, mode=who.mode, flow_id="wf_bench",
-                        run_id=f"run_{kind}_{i}", payload={"i": i}, now=clock.now(),
-                    )
-                    for i in range(start, min(start + 1000, count))
-                ]  # fmt: skip
-                async with db.transaction() as conn:
-                    await events_store.insert_events(conn, batch)
-        await db.dispose()
+        async with direct_store(url) as (db, services, who):
+            a = await services.webhooks.create_endpoint(
+                who, url=slow.url(0), events=["flow.failed"], rate_limit=2
+            )
+            b = await services.webhooks.create_endpoint(
+                who, url=quick.url(0), events=["flow.completed"]
+            )
+            slow.secrets["/hook/0"] = a.secret.encode()
+            quick.secrets["/hook/0"] = b.secret.encode()
+            await queue_events(db, who, "flow.failed", backlog)
+            await queue_events(db, who, "flow.completed", healthy)
         await asyncio.to_thread(server.start)
         started = time.perf_counter()
         try:

@@ -379,6 +379,50 @@ class Receiver:
         self._reached.clear()
 
 
+@contextlib.asynccontextmanager
+async def direct_store(database_url: str) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """The store opened directly (migrated), with a new sandbox key: ``(db, services, who)``,
+    for a benchmark to set up its rows before a server starts. The store closes on exit."""
+    from flowhook.clock import SystemClock
+    from flowhook.config import Settings
+    from flowhook.service import Services
+    from flowhook.store.db import Database
+    from flowhook.store.migrate import migrate
+    from flowhook.store.models import Mode
+    from flowhook.store.wakeup import Wakeup
+
+    db = Database(database_url, secret_key=secret_key_for(database_url))
+    try:
+        await migrate(db)
+        settings = Settings(database_url=database_url, allow_private_targets=True)
+        services = Services(db, SystemClock(), settings, Wakeup())
+        created = await services.keys.create(Mode.TEST, "bench")
+        who = await services.keys.authenticate(f"Bearer {created.key}")
+        yield db, services, who
+    finally:
+        await db.dispose()
+
+
+async def queue_events(db: Any, who: Any, event: str, count: int) -> None:
+    """Insert ``count`` events of type ``event`` (a delivery each per subscribed endpoint),
+    a thousand per transaction."""
+    from flowhook.clock import SystemClock
+    from flowhook.events import make_event
+    from flowhook.store import events as events_store
+
+    clock = SystemClock()
+    for start in range(0, count, 1000):
+        batch = [
+            make_event(
+                event, workspace_id=who.workspace_id, mode=who.mode, flow_id="wf_bench",
+                run_id=f"run_{event}_{i}", payload={"i": i}, now=clock.now(),
+            )
+            for i in range(start, min(start + 1000, count))
+        ]  # fmt: skip
+        async with db.transaction() as conn:
+            await events_store.insert_events(conn, batch)
+
+
 KEEPALIVE = 4.0  # seconds an idle client connection is kept: below the server's 5 s
 
 

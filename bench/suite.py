@@ -59,10 +59,11 @@ from harness import (
     Server,
     client,
     create_flow,
+    direct_store,
     fresh_database,
     percentile,
+    queue_events,
     running_server,
-    secret_key_for,
     subscribe,
     wrk_post,
 )
@@ -248,48 +249,16 @@ def bench_deliveries(backend: str, args: argparse.Namespace) -> Figures:
 
 
 async def _deliveries(server: Any, args: argparse.Namespace) -> Figures:
-    from flowhook.clock import SystemClock
-    from flowhook.config import Settings
-    from flowhook.events import make_event
-    from flowhook.service import Services
-    from flowhook.store import events as events_store
-    from flowhook.store.db import Database
-    from flowhook.store.migrate import migrate
-    from flowhook.store.models import Mode
-    from flowhook.store.wakeup import Wakeup
-
     async with Receiver() as receiver:
         # Queue the events (one delivery each) before the server starts, then time it.
-        url = server.database_url
-        db = Database(url, secret_key=secret_key_for(url))
-        await migrate(db)
-        settings = Settings(database_url=url, allow_private_targets=True)
-        services = Services(db, SystemClock(), settings, Wakeup())
-        created = await services.keys.create(Mode.TEST, "bench")
-        who = await services.keys.authenticate(f"Bearer {created.key}")
-        for n in range(args.endpoints):
-            endpoint = await services.webhooks.create_endpoint(
-                who, url=receiver.url(n), events=["flow.completed"]
-            )
-            receiver.secrets[f"/hook/{n}"] = endpoint.secret.encode()
-        clock = SystemClock()
         events = args.deliveries // args.endpoints
-        for start in range(0, events, 1000):
-            batch = [
-                make_event(
-                    "flow.completed",
-                    workspace_id=who.workspace_id,
-                    mode=who.mode,
-                    flow_id="wf_bench",
-                    run_id=f"run_{i}",
-                    payload={"i": i},
-                    now=clock.now(),
+        async with direct_store(server.database_url) as (db, services, who):
+            for n in range(args.endpoints):
+                endpoint = await services.webhooks.create_endpoint(
+                    who, url=receiver.url(n), events=["flow.completed"]
                 )
-                for i in range(start, min(start + 1000, events))
-            ]
-            async with db.transaction() as conn:
-                await events_store.insert_events(conn, batch)
-        await db.dispose()
+                receiver.secrets[f"/hook/{n}"] = endpoint.secret.encode()
+            await queue_events(db, who, "flow.completed", events)
         await asyncio.to_thread(server.start)
         try:
             total = events * args.endpoints

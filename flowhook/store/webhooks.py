@@ -937,7 +937,7 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
     if value is None:
         return None
     assert isinstance(value, datetime)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return _aware(value)
 
 
 NEXT_DUE_SLICE = 128
