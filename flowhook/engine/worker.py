@@ -195,7 +195,7 @@ class Worker(Consumer):
 
     async def _claim(self, limit: int) -> int:
         now = self.clock.now()
-        async with self.db.transaction() as conn:
+        async with self.db.statement() as conn:  # one UPDATE … RETURNING
             claimed = await runs_store.claim_runs(
                 conn, owner=self.owner, now=now, lease_until=now + self.lease, limit=limit
             )

@@ -140,6 +140,7 @@ class Database:
         self._autocommit_reads = (
             None if self.is_sqlite else self.reader.execution_options(isolation_level="AUTOCOMMIT")
         )
+        self._autocommit_writes = self._autocommit_reads  # one engine on PostgreSQL
         _carry_keyring(self.writer, self.keyring)
         if self.reader is not self.writer:
             _carry_keyring(self.reader, self.keyring)
@@ -186,6 +187,27 @@ class Database:
                 log.warning("store: %s; retrying the transaction in %.3fs", exc, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def statement(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for a block of one write statement (the engine's run claim). On
+        PostgreSQL in autocommit: the statement is a transaction of its own, so it pays no
+        ``BEGIN`` and ``COMMIT`` round trips; on SQLite a write transaction, as
+        :meth:`transaction`. A block of more than one statement needs :meth:`transaction`:
+        here each would commit alone."""
+        if self._autocommit_writes is None:
+            async with self.transaction() as conn:
+                yield conn
+            return
+        async with _translated(), self._autocommit_writes.connect() as conn:
+            wake: set[str] = set()
+            conn.info["wake"] = wake
+            try:
+                yield conn
+            finally:
+                conn.info.pop("wake", None)
+        for kind in wake:
+            self.wakeups[kind].notify()
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

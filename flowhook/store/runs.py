@@ -353,9 +353,9 @@ async def apply_progress(
     A fixed number of statements whatever the batch size: one guarded update per shape of
     change (same guard, same columns: one execution per row on SQLite, one ``UPDATE … FROM
     unnest(…)`` on PostgreSQL), and one statement each for the events, their deliveries and
-    the steps. On PostgreSQL the runs are first locked in ``run_id`` order (the lock order
-    rule, see :func:`_held`). A run appears at most once in ``items``: the executor awaits
-    each of its writes.
+    the steps. On PostgreSQL the runs, when more than one, are first locked in ``run_id``
+    order (the lock order rule, see :func:`_held`). A run appears at most once in
+    ``items``: the executor awaits each of its writes.
     """
     if not items:
         return []
@@ -369,7 +369,7 @@ async def apply_progress(
         if not await before(conn):
             applied[i] = True  # done by ``before``: nothing of its own to write
     left = [i for i, done in enumerate(applied) if not done]
-    if conn.dialect.name == "postgresql" and left:
+    if conn.dialect.name == "postgresql" and len(left) > 1:  # one row: its UPDATE locks it
         await conn.execute(
             select(runs.c.run_id)
             .where(runs.c.run_id.in_([items[i].run_id for i in left]), runs.c.lease_owner == owner)

@@ -1,7 +1,7 @@
 """PostgreSQL's pool: a connection that sat idle is pinged before use and replaced if the
 server closed it; one in steady use is not pinged (asyncpg's ping is three round trips), and
 if the server closed it, its first use fails as ``StoreUnavailable`` once and the pool then
-replaces every connection made before."""
+replaces every connection made before. A block of one write statement runs in autocommit."""
 
 from __future__ import annotations
 
@@ -111,3 +111,32 @@ async def test_a_failed_ping_replaces_the_older_connections_too(
     assert pings
     monkeypatch.setattr(db_module, "IDLE_PING", 3600.0)  # no more pings from here
     assert not set(await _two_backends(pg)) & {one, two}
+
+
+async def _transaction_ids(conn: Any) -> tuple[int, int]:
+    first = (await conn.execute(text("SELECT txid_current()"))).scalar_one()
+    second = (await conn.execute(text("SELECT txid_current()"))).scalar_one()
+    return int(first), int(second)
+
+
+async def test_a_single_statement_block_is_its_own_transaction(pg: Database) -> None:
+    """``statement()`` (the run claim's) sends no ``BEGIN`` and ``COMMIT`` on PostgreSQL: each
+    statement in it commits alone, where ``transaction()``'s share one transaction."""
+    async with pg.statement() as conn:
+        first, second = await _transaction_ids(conn)
+    assert second == first + 1
+    async with pg.transaction() as conn:
+        first, second = await _transaction_ids(conn)
+    assert second == first
+
+
+async def test_a_single_statement_block_wakes_after_it(pg: Database) -> None:
+    runs = pg.wakeups["runs"]
+    runs.clear()
+    async with pg.statement() as conn:
+        conn.info["wake"].add("runs")
+        assert not await runs.wait(0)
+    assert await runs.wait(0)
+    async with pg.statement() as conn:
+        assert "wake" in conn.info  # its own set: the last block's is gone with it
+        assert not conn.info["wake"]
