@@ -6,7 +6,9 @@ processor per value, a datetime formatted through a ``%`` template), a fifth of 
 time under load. On SQLite, :func:`insert` hands the rows to ``sqlite3``'s executemany instead,
 converted once per column to exactly what SQLAlchemy would have stored (a test compares the
 two byte for byte), inside the same transaction; :func:`update` does the same for updates by
-key. PostgreSQL keeps SQLAlchemy's path.
+key. On PostgreSQL :func:`insert` compiles its statement once and hands the rows, each value
+through SQLAlchemy's own bind processor, to asyncpg's executemany (``exec_driver_sql``): the
+same values, without SQLAlchemy's per-row parameter building (a test compares the rows).
 
 :func:`update_each` is the guarded form the state machine writes with: each row's update
 carries a guard (its status among the legal sources, the lease owner), and the caller learns
@@ -156,6 +158,39 @@ def _plan(
     return str(compiled), [(name, _converter(table.c[name])) for name in order]
 
 
+@lru_cache(maxsize=64)
+def _pg_plan(
+    table: Table, columns: tuple[str, ...], conflict: tuple[str, ...], dialect: Any
+) -> tuple[str, list[tuple[str, Convert | None]]]:
+    """PostgreSQL's SQL for these columns, compiled once, and each parameter's column and
+    SQLAlchemy's own bind processor for it (``None``: the value as it is), in bind order."""
+    stmt = _insert_statement(table, columns, conflict, "postgresql")
+    compiled = stmt.values({c: None for c in columns}).compile(dialect=dialect)
+    order = list(compiled.positiontup or ())
+    if sorted(order) != sorted(columns):  # pragma: no cover - each column is bound once
+        raise RuntimeError(f"unexpected parameters for {table.name}: {order}")
+    processors = compiled._bind_processors  # what its own executemany applies
+    return str(compiled), [(name, processors.get(name)) for name in order]
+
+
+async def _insert_pg(
+    conn: AsyncConnection,
+    table: Table,
+    columns: tuple[str, ...],
+    conflict: tuple[str, ...],
+    rows: Sequence[dict[str, Any]],
+) -> None:
+    """The rows through the driver's executemany (``exec_driver_sql``: SQLAlchemy's error
+    translation and transaction, none of its per-row parameter building), each value
+    processed as SQLAlchemy would."""
+    sql, processors = _pg_plan(table, columns, conflict, conn.dialect)
+    values = [
+        tuple(row[name] if bind is None else bind(row[name]) for name, bind in processors)
+        for row in rows
+    ]
+    await conn.exec_driver_sql(sql, values)
+
+
 async def insert(
     conn: AsyncConnection,
     table: Table,
@@ -171,8 +206,10 @@ async def insert(
     conflict = tuple(update_on_conflict)
     raw = raw_sqlite(conn)
     if raw is None:
-        stmt = _insert_statement(table, columns, conflict, conn.dialect.name)
-        await conn.execute(stmt, list(rows))
+        if conn.dialect.name == "postgresql":
+            await _insert_pg(conn, table, columns, conflict, rows)
+        else:  # pragma: no cover - SQLite's connections are inline ones
+            await conn.execute(_insert_statement(table, columns, conflict, "sqlite"), list(rows))
         return
     sql, plan = _plan(table, columns, conflict)
     values = [tuple(convert(row[name]) for name, convert in plan) for row in rows]
