@@ -163,15 +163,15 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Run the API and the engine (SQLite by default). On SQLite they are two processes,
-    started and stopped together: this one serves HTTP, its engine process runs the worker,
-    the webhook dispatcher, the scheduler and retention. If either ends, so does the other."""
+    """Run the API and the engine (SQLite by default) as two processes, started and stopped
+    together: this one serves HTTP, its engine process runs the worker, the webhook
+    dispatcher, the scheduler and retention. If either ends, so does the other."""
     from flowhook.api.app import create_app
     from flowhook.peer import EngineProcess
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
     base = f"http://{settings.host}:{settings.port}"
-    split = settings.is_sqlite and not single_process
+    split = not single_process  # both backends: the API keeps a core of its own
     server: uvicorn.Server | None = None
 
     def engine_lost() -> None:

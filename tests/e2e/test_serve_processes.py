@@ -1,4 +1,4 @@
-"""`flowhook serve` on SQLite as two cooperating processes (issue 18): the API process and
+"""`flowhook serve` as two cooperating processes (issue 18; PostgreSQL as well as SQLite): the API process and
 the engine process it starts beside itself. A run completes with its webhook; events the
 engine commits reach the API process's streams by the socket the two share (the streams'
 catch-up read is set far beyond the test's patience, so nothing else could bring them);
@@ -6,19 +6,23 @@ SIGTERM stops both; `kill -9` of either stops the other, and a restart finishes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import asyncpg
 import httpx
 import pytest
 
-from tests.support import Server, serve, wait_for
+from tests.conftest import IN_CI, PG_URL
+from tests.support import TEST_SECRET_KEY, Server, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,8 +109,43 @@ def status(client: httpx.Client, run_id: str) -> str:
     return str(client.get(f"/api/v1/flows/runs/{run_id}").json()["status"])
 
 
-def test_two_processes_run_a_flow_and_send_its_webhook(tmp_path: Path, receiver: str) -> None:
-    with serve(tmp_path, sqlite_url(tmp_path), **ENV) as server:
+@pytest.fixture
+def empty_pg() -> Iterator[str]:
+    """A new, empty PostgreSQL database (``serve`` migrates it and makes its first keys)."""
+    if not PG_URL:
+        if IN_CI:
+            pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
+        pytest.skip("FLOWHOOK_TEST_DATABASE_URL is not set")
+    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
+    dsn = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{PG_URL.rpartition('/')[0]}/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def serve_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path)
+    return str(request.getfixturevalue("empty_pg"))
+
+
+def test_two_processes_run_a_flow_and_send_its_webhook(
+    tmp_path: Path, receiver: str, serve_url: str
+) -> None:
+    """On both backends: on PostgreSQL too the API keeps its own process (and core)."""
+    env = {**ENV, "FLOWHOOK_SECRET_KEY": TEST_SECRET_KEY} if "postgres" in serve_url else ENV
+    with serve(tmp_path, serve_url, **env) as server:
         engine = engine_of(server)
         assert engine != server.proc.pid and alive(engine)
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
