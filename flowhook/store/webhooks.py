@@ -1023,7 +1023,7 @@ async def _scalar(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> d
     if value is None:
         return None
     assert isinstance(value, datetime)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return _aware(value)
 
 
 async def endpoint_stats(
