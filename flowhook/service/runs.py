@@ -497,14 +497,21 @@ class RunService:
             run = await self._unfinished(conn, who, run_id)
             if run.parent_run_id is not None:  # locks before rows (the lock order rule)
                 await children_store.lock_parent(conn, run.parent_run_id)
-            duration = run_duration_ms(run, now)
-            if await runs_store.cancel_unleased(
-                conn, who.workspace_id, who.mode, run_id, now,
-                duration_ms=duration, steps_executed=run.steps_executed,
-            ):  # fmt: skip
+            cancelled = await self._cancel_unleased(conn, who, run, now)
+            if not cancelled and run.cancel_requested_at is None:
+                # A worker holds it: flag it, and the worker ends it. Unless that worker
+                # handed it back (a delay, a wait) between the try above and this flag: the
+                # flag's row lock now keeps it as it is, and no write would come before its
+                # wake, so it is cancelled here.
+                await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
+                run.cancel_requested_at = now
+                if not await runs_store.is_leased(conn, run_id):
+                    run = await self._unfinished(conn, who, run_id)
+                    cancelled = await self._cancel_unleased(conn, who, run, now)
+            if cancelled:
+                run.duration_ms = run_duration_ms(run, now)  # as cancel_unleased wrote it
                 run.status = RunStatus.CANCELLED
                 run.finished_at = run.cancel_requested_at = now
-                run.duration_ms = duration
                 ended = [run, *await children_store.cancel_children(conn, [run_id], now)]
                 await store_control.free_slots(conn, ended, now)
                 await events_store.insert_events(conn, [cancelled_event(r, now) for r in ended])
@@ -512,16 +519,21 @@ class RunService:
                     await children_store.wake_parent(conn, run.parent_run_id, now)
             else:
                 ended = []
-                run = await self._unfinished(conn, who, run_id)  # a worker holds it, or ended
-                if run.cancel_requested_at is None:
-                    await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
-                    run.cancel_requested_at = now
         if ended and tracing.ENABLED:  # no worker holds them: their spans end here
             for r in ended:
                 tracing.run_span(r, "cancelled", None, now)
         if not ended:
             self._wakeup.notify()
         return run
+
+    async def _cancel_unleased(
+        self, conn: AsyncConnection, who: Principal, run: Run, now: datetime
+    ) -> bool:
+        """End ``run`` cancelled if no worker holds it and it has not moved since read."""
+        return await runs_store.cancel_unleased(
+            conn, who.workspace_id, who.mode, run.run_id, now,
+            duration_ms=run_duration_ms(run, now), steps_executed=run.steps_executed,
+        )  # fmt: skip
 
     async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:
         """The run, which has not ended yet (else Conflict)."""

@@ -443,6 +443,12 @@ async def request_cancel(
     return result.rowcount == 1
 
 
+async def is_leased(conn: AsyncConnection, run_id: str) -> bool:
+    """Whether a worker holds the run now."""
+    q = select(runs.c.lease_owner).where(runs.c.run_id == run_id)
+    return (await conn.execute(q)).scalar_one_or_none() is not None
+
+
 @cache
 def _next_due_statement() -> Any:
     return select(func.min(runs.c.available_at)).where(_CLAIMABLE)

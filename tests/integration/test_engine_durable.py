@@ -172,6 +172,21 @@ async def test_cancel_during_a_delay_is_immediate(api: Api) -> None:
     assert [e["event"] for e in await events_of(api, run_id)][-1] == "flow.cancelled"
 
 
+async def test_a_cancel_that_meets_the_run_being_handed_back_still_cancels_it(api: Api) -> None:
+    """A cancel right after execute races the worker handing the run back for its delay:
+    the flag written just after the hand-back must not leave it asleep for the whole delay
+    (on PostgreSQL it did, one cancel in a few)."""
+    flow_id = await api.create_flow(
+        {"name": "slow", "steps": [{"id": "z", "type": "delay", "seconds": 60}]}
+    )
+    for i in range(15):
+        run_id = await api.execute(flow_id)
+        await asyncio.sleep(0.005 * (i % 4))  # a few spots in the claim-to-hand-back window
+        r = await api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+        assert r.status_code in (200, 202), r.text
+        assert (await api.wait(run_id, timeout=5))["status"] == "cancelled"
+
+
 async def test_a_run_cancelled_while_asleep_reports_its_steps_and_duration(api: Api) -> None:
     run_id = await start(
         api,
