@@ -498,15 +498,16 @@ class RunService:
             if run.parent_run_id is not None:  # locks before rows (the lock order rule)
                 await children_store.lock_parent(conn, run.parent_run_id)
             cancelled = await self._cancel_unleased(conn, who, run, now)
-            if not cancelled and run.cancel_requested_at is None:
-                # A worker holds it: flag it, and the worker ends it. Unless that worker
-                # handed it back (a delay, a wait) between the try above and this flag: the
-                # flag's row lock now keeps it as it is, and no write would come before its
-                # wake, so it is cancelled here.
-                await runs_store.request_cancel(conn, who.workspace_id, who.mode, run_id, now)
-                run.cancel_requested_at = now
-                if not await runs_store.is_leased(conn, run_id):
-                    run = await self._unfinished(conn, who, run_id)
+            if not cancelled:
+                # A worker holds it (or it moved, or ended): flag it, and the worker ends it.
+                # Unless that worker handed it back (a delay, a wait) between the try above
+                # and the flag: the flag's row lock now keeps it as it is, and no write would
+                # come before its wake, so it is cancelled here.
+                held = await runs_store.request_cancel(
+                    conn, who.workspace_id, who.mode, run_id, now
+                )
+                run = await self._unfinished(conn, who, run_id)  # as it is now
+                if held is False:
                     cancelled = await self._cancel_unleased(conn, who, run, now)
             if cancelled:
                 run.duration_ms = run_duration_ms(run, now)  # as cancel_unleased wrote it

@@ -429,8 +429,13 @@ async def cancel_unleased(
 
 async def request_cancel(
     conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, now: datetime
-) -> bool:
-    """Flag a run a worker holds; the worker ends it ``cancelled`` at its next write."""
+) -> bool | None:
+    """Flag a run a worker holds; the worker ends it ``cancelled`` at its next write.
+
+    ``None`` when nothing was flagged (the run has ended, or is flagged already); else
+    whether a worker holds the run now. ``False`` means its worker handed it back (a delay,
+    a wait) after the caller's :func:`cancel_unleased` and before this flag took the row's
+    lock: no worker write would come before it wakes, so the caller cancels it itself."""
     result = await conn.execute(
         update(runs)
         .where(
@@ -439,14 +444,10 @@ async def request_cancel(
             runs.c.cancel_requested_at.is_(None),
         )
         .values(cancel_requested_at=now)
+        .returning(runs.c.lease_owner)
     )
-    return result.rowcount == 1
-
-
-async def is_leased(conn: AsyncConnection, run_id: str) -> bool:
-    """Whether a worker holds the run now."""
-    q = select(runs.c.lease_owner).where(runs.c.run_id == run_id)
-    return (await conn.execute(q)).scalar_one_or_none() is not None
+    row = result.first()
+    return None if row is None else row.lease_owner is not None
 
 
 @cache

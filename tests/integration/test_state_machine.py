@@ -124,10 +124,29 @@ async def test_a_run_another_process_holds_cannot_be_moved(db: Database) -> None
     assert await _state(db, run_id) == (RunStatus.RUNNING, 0, 0)
 
 
+async def test_a_cancel_flag_says_whether_a_worker_holds_the_run(db: Database) -> None:
+    """``True``: a worker holds it and will end it; ``False``: no worker does (it was
+    handed back), so the caller must; ``None``: nothing flagged (flagged already, ended)."""
+    held = await _run_in(db, RunStatus.RUNNING)
+    handed_back = await _run_in(db, RunStatus.RUNNING)
+    ended = await _run_in(db, RunStatus.COMPLETED)
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(runs).where(runs.c.run_id == handed_back).values(lease_owner=None)
+        )
+    async with db.transaction() as conn:
+        flag = runs_store.request_cancel
+        assert await flag(conn, "ws_b", Mode.TEST, handed_back, NOW) is None  # not theirs
+        assert await flag(conn, "ws_a", Mode.TEST, held, NOW) is True
+        assert await flag(conn, "ws_a", Mode.TEST, handed_back, NOW) is False
+        assert await flag(conn, "ws_a", Mode.TEST, held, NOW) is None
+        assert await flag(conn, "ws_a", Mode.TEST, ended, NOW) is None
+
+
 async def test_a_cancel_request_blocks_every_move_but_the_cancel(db: Database) -> None:
     run_id = await _run_in(db, RunStatus.RUNNING)
     async with db.transaction() as conn:
-        assert await runs_store.request_cancel(conn, "ws_a", Mode.TEST, run_id, NOW)
+        assert await runs_store.request_cancel(conn, "ws_a", Mode.TEST, run_id, NOW) is True
     for target in (RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED):
         assert await _apply(db, _progress(run_id, runs_store.StatusChange(target, {}))) is False
     cancel = runs_store.StatusChange(RunStatus.CANCELLED, {}, honour_cancel=False)

@@ -215,7 +215,10 @@ async def test_a_group_commit_applies_each_run_or_nothing_of_it(
         await conn.execute(
             update(runs).where(runs.c.run_id == stolen).values(lease_owner="someone-else")
         )
-        assert await runs_store.request_cancel(conn, who.workspace_id, who.mode, cancelled, now)
+        assert (
+            await runs_store.request_cancel(conn, who.workspace_id, who.mode, cancelled, now)
+            is True
+        )
 
     def finished(run_id: str) -> runs_store.Progress:
         event = make_event(
