@@ -12,6 +12,7 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,14 @@ PG_URL = os.environ.get("FLOWHOOK_TEST_DATABASE_URL")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this test session."""
+@contextmanager
+def new_pg_database() -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database, dropped afterwards (skipped without
+    ``FLOWHOOK_TEST_DATABASE_URL``, and failed in CI, which must run these tests)."""
     if not PG_URL:
         if IN_CI:
             pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
         pytest.skip("FLOWHOOK_TEST_DATABASE_URL is not set")
-    base = PG_URL.rpartition("/")[0]
     name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
     dsn = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
 
@@ -55,16 +56,24 @@ def pg_url() -> Iterator[str]:
             await conn.close()
 
     asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    url = f"{base}/{name}"
+    try:
+        yield f"{PG_URL.rpartition('/')[0]}/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
-    async def up() -> None:
-        db = Database(url, secret_key=TEST_SECRET_KEY)
-        await migrate(db)
-        await db.dispose()
 
-    asyncio.run(up())
-    yield url
-    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session."""
+    with new_pg_database() as url:
+
+        async def up() -> None:
+            db = Database(url, secret_key=TEST_SECRET_KEY)
+            await migrate(db)
+            await db.dispose()
+
+        asyncio.run(up())
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -6,22 +6,19 @@ SIGTERM stops both; `kill -9` of either stops the other, and a restart finishes 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import threading
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
-import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import IN_CI, PG_URL
+from tests.conftest import new_pg_database
 from tests.support import TEST_SECRET_KEY, Server, serve, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -105,6 +102,11 @@ def execute(client: httpx.Client, flow_id: str, n: int = 1) -> list[str]:
     return ids
 
 
+def env_for(url: str) -> dict[str, str]:
+    """The settings ``serve`` runs with here; PostgreSQL requires a secret key of its own."""
+    return {**ENV, "FLOWHOOK_SECRET_KEY": TEST_SECRET_KEY} if url.startswith("postgres") else ENV
+
+
 def status(client: httpx.Client, run_id: str) -> str:
     return str(client.get(f"/api/v1/flows/runs/{run_id}").json()["status"])
 
@@ -112,25 +114,8 @@ def status(client: httpx.Client, run_id: str) -> str:
 @pytest.fixture
 def empty_pg() -> Iterator[str]:
     """A new, empty PostgreSQL database (``serve`` migrates it and makes its first keys)."""
-    if not PG_URL:
-        if IN_CI:
-            pytest.fail("FLOWHOOK_TEST_DATABASE_URL is not set; CI must run the PostgreSQL tests")
-        pytest.skip("FLOWHOOK_TEST_DATABASE_URL is not set")
-    name = f"flowhook_test_{uuid.uuid4().hex[:10]}"
-    dsn = PG_URL.replace("postgresql+asyncpg://", "postgresql://")
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with new_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -144,8 +129,7 @@ def test_two_processes_run_a_flow_and_send_its_webhook(
     tmp_path: Path, receiver: str, serve_url: str
 ) -> None:
     """On both backends: on PostgreSQL too the API keeps its own process (and core)."""
-    env = {**ENV, "FLOWHOOK_SECRET_KEY": TEST_SECRET_KEY} if "postgres" in serve_url else ENV
-    with serve(tmp_path, serve_url, **env) as server:
+    with serve(tmp_path, serve_url, **env_for(serve_url)) as server:
         engine = engine_of(server)
         assert engine != server.proc.pid and alive(engine)
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
@@ -209,10 +193,10 @@ def slow_flow(client: httpx.Client) -> str:
 
 @pytest.mark.parametrize("victim", ["engine", "api"])
 def test_kill_9_of_either_stops_the_other_and_a_restart_finishes_the_runs(
-    tmp_path: Path, victim: str
+    tmp_path: Path, victim: str, serve_url: str
 ) -> None:
-    url = sqlite_url(tmp_path)
-    with serve(tmp_path, url, **ENV) as server:
+    url, env = serve_url, env_for(serve_url)
+    with serve(tmp_path, url, **env) as server:
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
         engine = engine_of(server)
         with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
@@ -228,7 +212,7 @@ def test_kill_9_of_either_stops_the_other_and_a_restart_finishes_the_runs(
             server.proc.wait()
             wait_for(lambda: not alive(engine), timeout=10)  # the kernel killed it too
     with (
-        serve(tmp_path, url, **ENV) as again,
+        serve(tmp_path, url, **env) as again,
         httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
     ):
         wait_for(lambda: all(status(client, r) == "completed" for r in run_ids), timeout=60)
