@@ -149,15 +149,22 @@ class Database:
     def dialect(self) -> str:
         return "sqlite" if self.is_sqlite else "postgresql"
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back on error. Queries
         that queue work add its kind to ``conn.info["wake"]``; those wake-ups fire after the
         commit, never for work that rolled back. ``conn.info["tx"]`` is a scratch dict that
         lives as long as the transaction (the connection's ``info`` outlives it)."""
+        return self._writing(self.writer.begin())
+
+    @contextlib.asynccontextmanager
+    async def _writing(
+        self, opened: contextlib.AbstractAsyncContextManager[AsyncConnection]
+    ) -> AsyncIterator[AsyncConnection]:
+        """The block of :meth:`transaction` and :meth:`statement` on the connection
+        ``opened`` gives: its wake-ups and events' floor are fired once it has committed."""
         wake: set[str] = set()
         tx: dict[str, Any] = {}
-        async with _translated(), self.writer.begin() as conn:
+        async with _translated(), opened as conn:
             conn.info["wake"] = wake
             conn.info["tx"] = tx
             try:
@@ -188,26 +195,15 @@ class Database:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    @contextlib.asynccontextmanager
-    async def statement(self) -> AsyncIterator[AsyncConnection]:
+    def statement(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A connection for a block of one write statement (the engine's run claim). On
         PostgreSQL in autocommit: the statement is a transaction of its own, so it pays no
         ``BEGIN`` and ``COMMIT`` round trips; on SQLite a write transaction, as
         :meth:`transaction`. A block of more than one statement needs :meth:`transaction`:
         here each would commit alone."""
         if self._autocommit_writes is None:
-            async with self.transaction() as conn:
-                yield conn
-            return
-        async with _translated(), self._autocommit_writes.connect() as conn:
-            wake: set[str] = set()
-            conn.info["wake"] = wake
-            try:
-                yield conn
-            finally:
-                conn.info.pop("wake", None)
-        for kind in wake:
-            self.wakeups[kind].notify()
+            return self.transaction()
+        return self._writing(self._autocommit_writes.connect())
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
