@@ -5,7 +5,8 @@
     .venv/bin/python bench/suite.py --backends sqlite --only accept,idle --repeat 5
 
 Each round starts a fresh database and a real `flowhook serve` (as a newcomer runs it: on
-SQLite the API and an engine process beside it, on PostgreSQL one process) and drives it from this machine over 127.0.0.1:
+either backend the API and an engine process beside it) and drives it from this machine over
+127.0.0.1:
 
   accept      POST /api/v1/flows/execute under wrk at each --connections for --duration s:
               runs/s accepted (each durable before its 202), p50, p99; and in the same round

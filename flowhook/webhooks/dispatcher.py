@@ -51,6 +51,9 @@ HOLD = 4
 """Deliveries held per request slot (see the module's docstring)."""
 CLAIM_BATCH = 64
 """At most this many deliveries per claim: the per-endpoint ranking sorts twice as many."""
+STATISTICS_AFTER = 100
+"""Deliveries a process claims before it makes sure PostgreSQL has statistics of them."""
+PLANNED_TABLES = ("deliveries",)
 LATE = 0.05
 """Seconds a rate-limited delivery may wake after its slot and still take it: past that it
 reserves a new slot (see ``Dispatcher._paced``). Unless a process keeps stalling, any
@@ -107,6 +110,9 @@ class Dispatcher(Consumer):
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
         self._handing: list[store.Handoff] = []
+        self._claimed = 0
+        """Deliveries this process has claimed (it counts to :data:`STATISTICS_AFTER`)."""
+        self._statistics: asyncio.Task[None] | None = None
         """Hand-offs whose transaction is open: what they took counts as held."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
             self._commit_completions,
@@ -144,7 +150,21 @@ class Dispatcher(Consumer):
             )
         for due in claimed:
             self._hold(due, now + self.lease)
+        if self._claimed < STATISTICS_AFTER <= self._claimed + len(claimed):
+            self._statistics = asyncio.create_task(self._gather_statistics())
+        self._claimed += len(claimed)
         return len(claimed)
+
+    async def _gather_statistics(self) -> None:
+        """Once this process has claimed a backlog, have PostgreSQL plan the claims with
+        statistics of ``deliveries`` (:meth:`Database.gather_statistics`): without them it
+        read every due delivery's row for each claim's guard instead of the claimed ones by
+        their key. Tried again after the next batch of claims when the database cannot be
+        reached."""
+        try:
+            await self.db.gather_statistics(PLANNED_TABLES)
+        except StoreUnavailable:
+            self._claimed = 0
 
     def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
         """Start the attempt of a delivery this process has claimed."""

@@ -1,8 +1,12 @@
-"""PostgreSQL plans the accept path with statistics of ``runs`` (issue 19, finding 2).
+"""PostgreSQL plans the accept path with statistics of ``runs`` (issue 19, finding 2), and
+the delivery claim with statistics of ``deliveries`` (issue 18).
 
 Without them the Idempotency-Key lookup used the ``(workspace_id, mode, run_id)`` index and
 read every run of the workspace on each accept; after a PostgreSQL restart the backlog of
-requests never drained. Accepting runs now makes sure the table has been analyzed."""
+requests never drained. Accepting runs now makes sure the table has been analyzed. The
+delivery claim's guarded ``UPDATE`` read every due delivery (a bitmap scan of the due index)
+instead of the claimed ones by their key; claiming a backlog now does the same for
+``deliveries``."""
 
 from __future__ import annotations
 
@@ -16,13 +20,17 @@ import pytest
 
 from flowhook.clock import SystemClock
 from flowhook.config import Settings
+from flowhook.events import make_event
 from flowhook.ids import pack_id
 from flowhook.service import Services
 from flowhook.service.runs import STATISTICS_AFTER
+from flowhook.store import events as events_store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
 from flowhook.store.wakeup import Wakeup
+from flowhook.webhooks import dispatcher as dispatching
+from tests.conftest import Receiver
 from tests.support import TEST_SECRET_KEY
 
 FLOW: dict[str, Any] = {
@@ -50,6 +58,7 @@ async def fresh_pg(pg_url: str) -> AsyncIterator[str]:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("ALTER TABLE runs SET (autovacuum_enabled = off)")
+        await conn.execute("ALTER TABLE deliveries SET (autovacuum_enabled = off)")
     finally:
         await conn.close()
     yield url
@@ -60,11 +69,11 @@ async def fresh_pg(pg_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def _has_statistics(conn: Any) -> bool:
+async def _has_statistics(conn: Any, table: str = "runs") -> bool:
     return bool(
         await conn.fetchval(
-            "SELECT count(*) FROM pg_stats"
-            " WHERE schemaname = current_schema() AND tablename = 'runs'"
+            "SELECT count(*) FROM pg_stats WHERE schemaname = current_schema() AND tablename = $1",
+            table,
         )
     )
 
@@ -114,6 +123,54 @@ async def test_accepting_runs_gathers_the_statistics_the_idempotency_lookup_need
         assert "uq_runs_workspace_id_mode_idempotency_key" in plan, plan
         assert await db.gather_statistics(("runs",)) == []  # once is enough
     finally:
+        await conn.close()
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_claiming_a_delivery_backlog_gathers_the_statistics_the_claim_needs(
+    fresh_pg: str, receiver: Receiver
+) -> None:
+    db = Database(fresh_pg, secret_key=TEST_SECRET_KEY)
+    settings = Settings(
+        database_url=fresh_pg, secret_key=TEST_SECRET_KEY, allow_private_targets=True
+    )
+    clock = SystemClock()
+    services = Services(db, clock, settings, Wakeup())
+    conn = await asyncpg.connect(fresh_pg)
+    d = dispatching.Dispatcher(db, clock, Wakeup(), owner="d1", allow_private_targets=True)
+    try:
+        created = await services.keys.create(Mode.TEST, "ws")
+        who = await services.keys.authenticate(f"Bearer {created.key}")
+        for n in range(4):  # a claim takes at most HOLD * per_endpoint of one endpoint
+            await services.webhooks.create_endpoint(
+                who, url=f"{receiver.url}/{n}", events=["flow.completed"]
+            )
+        async with db.transaction() as tx:  # a backlog: 4 deliveries an event
+            await events_store.insert_events(
+                tx,
+                [
+                    make_event(
+                        "flow.completed", workspace_id=who.workspace_id, mode=who.mode,
+                        flow_id="wf_x", run_id=f"run_{i}", payload={"i": i}, now=clock.now(),
+                    )
+                    for i in range(500)
+                ],
+            )  # fmt: skip
+        assert not await _has_statistics(conn, "deliveries")
+
+        await d.open()
+        claimed = 0
+        while claimed < dispatching.STATISTICS_AFTER:
+            claimed += await d.run_once()
+            await d.drain()
+        assert d._statistics is not None
+        await asyncio.wait_for(d._statistics, 30)
+
+        assert await _has_statistics(conn, "deliveries")
+        assert await db.gather_statistics(dispatching.PLANNED_TABLES) == []  # once is enough
+    finally:
+        await d.stop()
         await conn.close()
         await db.dispose()
 
