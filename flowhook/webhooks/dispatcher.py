@@ -110,10 +110,11 @@ class Dispatcher(Consumer):
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
         self._handing: list[store.Handoff] = []
+        """Hand-offs whose transaction is open: what they took counts as held."""
         self._claimed = 0
         """Deliveries this process has claimed (it counts to :data:`STATISTICS_AFTER`)."""
         self._statistics: asyncio.Task[None] | None = None
-        """Hand-offs whose transaction is open: what they took counts as held."""
+        """The task that gathers the statistics of :data:`PLANNED_TABLES`, once started."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
             self._commit_completions,
             max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
