@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +45,8 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Flow, Run, RunStatus
 from flowhook.store.wakeup import Wakeup
+
+log = logging.getLogger("flowhook")
 
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
 
@@ -191,6 +194,8 @@ class RunService:
             await self._db.gather_statistics(PLANNED_TABLES)
         except StoreUnavailable:
             self._accepted = 0
+        except Exception:  # planning without them is slower, not wrong
+            log.warning("runs: could not gather statistics of runs", exc_info=True)
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         try:

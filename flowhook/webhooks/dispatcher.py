@@ -129,6 +129,8 @@ class Dispatcher(Consumer):
         """Stop writing completions: one not committed yet is dropped (as if the process
         had died), and its delivery is tried again when its lease ends."""
         await self._completions.cancel()
+        if self._statistics is not None and not self._statistics.done():
+            self._statistics.cancel()  # an ANALYZE that can wait for the next start
         if self.client is not None:
             await self.client.close()
             self.client = None
@@ -166,6 +168,8 @@ class Dispatcher(Consumer):
             await self.db.gather_statistics(PLANNED_TABLES)
         except StoreUnavailable:
             self._claimed = 0
+        except Exception:  # planning without them is slower, not wrong
+            log.warning("dispatcher: could not gather statistics of deliveries", exc_info=True)
 
     def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
         """Start the attempt of a delivery this process has claimed."""
