@@ -53,6 +53,26 @@ async def _queued(services: Services, n: int, clock: FakeClock) -> tuple[list[st
     return ids, who
 
 
+async def test_a_cancel_answers_with_the_run_as_it_is_after_its_flag(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker claims and starts the run between the cancel's first read and its flag: the
+    answer is the run as it is then (running, flagged for its worker), not as first read."""
+    clock = FakeClock()
+    [run_id], who = await _queued(services, 1, clock)
+    cancel_unleased = runs_store.cancel_unleased
+
+    async def a_worker_moves_first(conn: Any, *args: Any, **kw: Any) -> bool:
+        moved = {"status": "running", "lease_owner": "w-1", "lease_expires_at": clock.now()}
+        await conn.execute(update(runs).where(runs.c.run_id == run_id).values(**moved))
+        return await cancel_unleased(conn, *args, **kw)
+
+    monkeypatch.setattr(runs_store, "cancel_unleased", a_worker_moves_first)
+    run = await services.runs.cancel(who, run_id)
+    assert run.status is RunStatus.RUNNING
+    assert run.cancel_requested_at is not None
+
+
 async def test_concurrent_claims_never_share_a_run(services: Services, db: Database) -> None:
     clock = FakeClock()
     ids, _ = await _queued(services, 30, clock)
