@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,8 +44,6 @@ from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Flow, Run, RunStatus
 from flowhook.store.wakeup import Wakeup
-
-log = logging.getLogger("flowhook")
 
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
 
@@ -190,12 +187,8 @@ class RunService:
         """Once the runs table holds rows, have PostgreSQL plan with statistics of it
         (:meth:`Database.gather_statistics`); tried again after the next batch of accepts
         when the database cannot be reached."""
-        try:
-            await self._db.gather_statistics(PLANNED_TABLES)
-        except StoreUnavailable:
+        if await self._db.gather_statistics(PLANNED_TABLES) is None:
             self._accepted = 0
-        except Exception:  # planning without them is slower, not wrong
-            log.warning("runs: could not gather statistics of runs", exc_info=True)
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         try:

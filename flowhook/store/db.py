@@ -223,9 +223,11 @@ class Database:
         async with self.read() as conn:
             await conn.execute(text("SELECT 1"))
 
-    async def gather_statistics(self, tables: tuple[str, ...]) -> list[str]:
+    async def gather_statistics(self, tables: tuple[str, ...]) -> list[str] | None:
         """PostgreSQL: ANALYZE each of ``tables`` that has no column statistics yet (call it
-        once they hold rows); the names of those analyzed. Nothing on SQLite.
+        once they hold rows); the names of those analyzed, or None when the database cannot
+        be reached (try again later). Nothing on SQLite. Never raises: planning without
+        statistics is slower, not wrong, so any other failure is logged and gives ``[]``.
 
         A new database has none until autovacuum's first pass (a minute or more, and an
         immediate restart resets the counters it goes by). Without them the planner cannot
@@ -237,13 +239,18 @@ class Database:
         if self.is_sqlite:
             return []
         done: list[str] = []
-        async with _translated(), self.writer.connect() as conn:
-            for table in tables:
-                lacking = await conn.scalar(_LACKS_STATISTICS, {"table": table})
-                if lacking:
-                    await conn.execute(text(f'ANALYZE "{table}"'))
-                    done.append(table)
-            await conn.commit()
+        try:
+            async with _translated(), self.writer.connect() as conn:
+                for table in tables:
+                    lacking = await conn.scalar(_LACKS_STATISTICS, {"table": table})
+                    if lacking:
+                        await conn.execute(text(f'ANALYZE "{table}"'))
+                        done.append(table)
+                await conn.commit()
+        except StoreUnavailable:
+            return None
+        except Exception:
+            log.warning("could not gather statistics of %s", ", ".join(tables), exc_info=True)
         return done
 
     async def dispose(self) -> None:

@@ -164,12 +164,8 @@ class Dispatcher(Consumer):
         read every due delivery's row for each claim's guard instead of the claimed ones by
         their key. Tried again after the next batch of claims when the database cannot be
         reached."""
-        try:
-            await self.db.gather_statistics(PLANNED_TABLES)
-        except StoreUnavailable:
+        if await self.db.gather_statistics(PLANNED_TABLES) is None:
             self._claimed = 0
-        except Exception:  # planning without them is slower, not wrong
-            log.warning("dispatcher: could not gather statistics of deliveries", exc_info=True)
 
     def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
         """Start the attempt of a delivery this process has claimed."""

@@ -184,3 +184,24 @@ async def test_gathering_statistics_does_nothing_on_sqlite(tmp_path: Any) -> Non
         assert await db.gather_statistics(("runs",)) == []
     finally:
         await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_failed_gathering_is_logged_and_never_raises(
+    fresh_pg: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = Database(fresh_pg, secret_key=TEST_SECRET_KEY)
+    try:
+        assert await db.gather_statistics(("no_such_table",)) == []
+        assert "could not gather statistics of no_such_table" in caplog.text
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_gathering_on_an_unreachable_database_says_to_try_again() -> None:
+    db = Database("postgresql://postgres@127.0.0.1:1/none", secret_key=TEST_SECRET_KEY)
+    try:
+        assert await db.gather_statistics(("runs",)) is None
+    finally:
+        await db.dispose()
