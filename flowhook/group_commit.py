@@ -13,8 +13,11 @@ may be applied alone (accepting runs; the engine's progress writes, see
 ``worker.redo_alone``), not where an unknown outcome could apply work twice (a connection
 lost during COMMIT).
 
-``gather`` trades a little latency for fewer transactions: the committer waits that long
-before each transaction, so more requests join it (the webhook dispatcher's completions).
+``gather`` trades a little latency for fewer transactions: each transaction takes what
+arrived over at least that long, so more requests join it (the webhook dispatcher's
+completions). The committer waits only for what the last transaction did not already take:
+behind a commit as long as ``gather`` the next batch has gathered, and waiting again left
+the writer idle while requests queued (a third of each cycle of PostgreSQL's completions).
 """
 
 from __future__ import annotations
@@ -70,9 +73,14 @@ class GroupCommit(Generic[T, R]):
             future.cancel()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        taken = loop.time()  # the writer was idle: what it takes next starts arriving now
         while self._pending:
-            if self._gather:
-                await asyncio.sleep(self._gather)
+            if self._gather:  # only what the last transaction did not already wait out
+                wait = self._gather - (loop.time() - taken)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            taken = loop.time()
             batch, self._pending = self._pending[: self._max], self._pending[self._max :]
             try:
                 results = await self._commit([item for item, _ in batch])

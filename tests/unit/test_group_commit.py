@@ -129,6 +129,37 @@ async def test_gathering_lets_items_that_come_meanwhile_join_the_transaction() -
     assert ledger.batches == [[1, 2, 3]]
 
 
+async def test_a_batch_that_gathered_during_a_long_commit_is_committed_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_sleep = asyncio.sleep
+    gathered: list[float] = []
+
+    async def sleep(delay: float) -> None:  # the committer's waits
+        gathered.append(delay)
+        await real_sleep(delay)
+
+    batches: list[list[int]] = []
+    arrived = asyncio.Event()
+
+    async def slow_commit(batch: Sequence[int]) -> list[int]:
+        batches.append(list(batch))
+        if len(batches) == 1:
+            await arrived.wait()  # the next items come while this commits, past the gather
+            await real_sleep(0.03)
+        return [n * 10 for n in batch]
+
+    monkeypatch.setattr("flowhook.group_commit.asyncio.sleep", sleep)
+    group: GroupCommit[int, int] = GroupCommit(slow_commit, gather=0.01)
+    first = asyncio.ensure_future(group.submit(1))
+    await real_sleep(0.02)  # gathered, now committing
+    rest = [asyncio.ensure_future(group.submit(n)) for n in (2, 3)]
+    arrived.set()
+    assert await asyncio.gather(first, *rest) == [10, 20, 30]
+    assert batches == [[1], [2, 3]]
+    assert gathered == [pytest.approx(0.01, abs=0.005)]  # before the first transaction only
+
+
 async def test_without_gathering_a_lone_item_commits_at_once() -> None:
     ledger = Ledger()
     group: GroupCommit[int, int] = GroupCommit(ledger.commit)
