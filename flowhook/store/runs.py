@@ -462,7 +462,7 @@ async def next_due(conn: AsyncConnection) -> datetime | None:
     if inline is not None:
         [(found,)] = await bulk.run_raw(inline, _next_due_statement(), {})
         return bulk.stored_datetime(found)
-    value = (await conn.execute(_next_due_statement())).scalar_one_or_none()
+    [(value,)] = await bulk.run_pg(conn, _next_due_statement(), {})
     if value is None:
         return None
     assert isinstance(value, datetime)

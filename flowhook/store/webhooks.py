@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, bindparam, delete, func, select, text, update
+from sqlalchemy import Integer, bindparam, delete, func, null, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -68,6 +68,7 @@ __all__ = [
     "list_deliveries",
     "failed_deliveries_between",
     "mark_endpoint_health",
+    "mark_endpoints_healthy",
     "oldest_pending",
     "next_due_delivery",
     "endpoint_stats",
@@ -357,7 +358,7 @@ async def _waiting(conn: AsyncConnection, now: datetime) -> bool:
     inline = bulk.inline_sqlite(conn)
     if inline is not None:
         return bool(await bulk.run_raw(inline, _waiting_statement(), {"now": now}))
-    return (await conn.execute(_waiting_statement(), {"now": now})).first() is not None
+    return bool(await bulk.run_pg(conn, _waiting_statement(), {"now": now}))
 
 
 async def _queue_in_order(
@@ -538,7 +539,7 @@ async def claim_deliveries(
     if inline is not None:
         claimed: Sequence[Any] = await bulk.run_raw(inline, _claim_statement(), params)
     else:
-        claimed = (await conn.execute(_claim_statement(), params)).all()
+        claimed = await bulk.run_pg(conn, _claim_statement(), params)
     if not claimed:
         return []
     claimed_ids = [r[0] for r in claimed]
@@ -564,14 +565,16 @@ async def _due_of(conn: AsyncConnection, ids: Sequence[str]) -> list[DueDelivery
                 values[name] = bulk.stored_datetime(values[name])
             found.append(DueDelivery.from_values(values, box))
         return found
-    rows = (await conn.execute(_due_statement(), {"ids": list(ids)})).all()
+    rows = await bulk.run_pg(conn, _due_statement(), {"ids": list(ids)})
     return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
 
 # The dispatcher claims many times a second: its statements are built once (per dialect,
 # and per whether endpoints are left out), their values bound as parameters, so a claim
 # pays neither the construction nor SQLAlchemy's cache key of a fresh statement; on SQLite
-# they run straight on ``sqlite3`` (:func:`flowhook.store.bulk.run_raw`), compiled once.
+# they run straight on ``sqlite3`` (:func:`flowhook.store.bulk.run_raw`), on PostgreSQL
+# through asyncpg with each list of ids one array (:func:`flowhook.store.bulk.run_pg`),
+# compiled once.
 
 
 @cache
@@ -657,7 +660,7 @@ async def _oldest_due(
     inline = bulk.inline_sqlite(conn)
     if inline is not None:
         return [r[0] for r in await bulk.run_raw(inline, _oldest_due_statement(bool(busy)), params)]
-    return list((await conn.execute(_oldest_due_statement(bool(busy)), params)).scalars())
+    return [r[0] for r in await bulk.run_pg(conn, _oldest_due_statement(bool(busy)), params)]
 
 
 async def reserve_send(conn: AsyncConnection, endpoint_id: str, now: datetime) -> datetime:
@@ -892,6 +895,40 @@ async def events_in_hand(conn: AsyncConnection, endpoint_id: str, event_ids: set
     return set((await conn.execute(q)).scalars())
 
 
+async def mark_endpoints_healthy(conn: AsyncConnection, endpoint_ids: Sequence[str]) -> None:
+    """Record a success for each of ``endpoint_ids``: the failure window of any that had
+    one ends. One statement for all (a group commit names every endpoint it delivered to;
+    one statement each took a third of its time on PostgreSQL), locking only the endpoints
+    it changes, in id order."""
+    if not endpoint_ids:
+        return
+    params = {"ids": sorted(endpoint_ids)}
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        await bulk.run_raw(inline, _healthy_statement(), params)
+    else:
+        await bulk.run_pg(conn, _healthy_statement(), params)
+
+
+@cache
+def _healthy_statement() -> Any:
+    """End the failure windows of ``ids``: the endpoints that have one are locked in id
+    order first (the lock order rule: a plain ``UPDATE`` locks in the table's order)."""
+    failing = (
+        select(_EP.id)
+        .where(_EP.id.in_(bindparam("ids", expanding=True)), _EP.failing_since.is_not(None))
+        .order_by(_EP.id)
+        .with_for_update()
+        .cte("failing")
+        .prefix_with("MATERIALIZED", dialect="postgresql")
+    )
+    return (
+        update(webhook_endpoints)
+        .where(_EP.id.in_(select(failing.c.id)))
+        .values(failing_since=null())
+    )
+
+
 async def mark_endpoint_health(
     conn: AsyncConnection,
     endpoint_id: str,
@@ -903,11 +940,7 @@ async def mark_endpoint_health(
     """Record an outcome for the endpoint's health; ``True`` when this failure disabled it
     (nothing but failures since ``disable_before``)."""
     if succeeded:
-        await conn.execute(
-            update(webhook_endpoints)
-            .where(_EP.id == endpoint_id, _EP.failing_since.is_not(None))
-            .values(failing_since=None)
-        )
+        await mark_endpoints_healthy(conn, [endpoint_id])
         return False
     await conn.execute(
         update(webhook_endpoints)
@@ -1019,7 +1052,7 @@ async def _scalar(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> d
     if inline is not None:
         [(found,)] = await bulk.run_raw(inline, stmt, params)
         return bulk.stored_datetime(found)
-    value = (await conn.execute(stmt, params)).scalar_one_or_none()
+    [(value,)] = await bulk.run_pg(conn, stmt, params)
     if value is None:
         return None
     assert isinstance(value, datetime)

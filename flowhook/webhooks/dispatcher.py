@@ -435,19 +435,26 @@ class Dispatcher(Consumer):
                 delivery_id,
             )
         final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
+        healthy: list[str] = []  # successes in a row of the id order: one statement
         for endpoint_id in sorted(final):
             c = final[endpoint_id]
+            if c.status is DeliveryStatus.SUCCEEDED:
+                healthy.append(endpoint_id)
+                continue
+            await store.mark_endpoints_healthy(conn, healthy)
+            healthy = []
             when = c.attempt.finished_at or self.clock.now()
             if await store.mark_endpoint_health(
                 conn,
                 c.endpoint_id,
-                succeeded=c.status is DeliveryStatus.SUCCEEDED,
+                succeeded=False,
                 now=when,
                 disable_before=when - self.disable_after,
             ):
                 log.warning(
                     "endpoint %s disabled: only failures for %s", c.endpoint_id, self.disable_after
                 )
+        await store.mark_endpoints_healthy(conn, healthy)
 
 
 def _trace(due: store.DueDelivery) -> tracing.TraceParent:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiohttp import web
+
 from flowhook.clock import FakeClock
 from flowhook.events import make_event
 from flowhook.service import Principal, Services
@@ -101,6 +103,41 @@ async def test_an_endpoint_failing_for_the_whole_window_is_disabled(
     assert ep.disabled_reason
     enabled = await services.webhooks.update_endpoint(who, ep_id, {"enabled": True})
     assert (enabled.enabled, enabled.disabled_reason, enabled.failing_since) == (True, None, None)
+
+
+async def test_successes_end_their_endpoints_failure_windows_and_a_failure_between_keeps_its(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    """One group commit marks endpoints in id order: here a success, a failure, a success."""
+    failing = {"/a", "/b", "/c"}
+    original = receiver.handle
+
+    async def handle(request: Any) -> Any:
+        if request.path in failing:
+            await request.read()
+            return web.json_response({}, status=400)  # a final failure: no retry
+        return await original(request)
+
+    receiver.handle = handle  # type: ignore[method-assign]
+    clock = FakeClock()
+    who, ids = await setup(services, clock, [f"{receiver.url}/{p}" for p in "abc"])
+    assert ids == sorted(ids)  # ids are in the order made: a, b, c
+    d = dispatcher(db, clock)
+    await d.open()
+    try:
+        await raise_event(db, who, clock)
+        assert await pump(d) == 3
+        first = [(await services.webhooks.get_endpoint(who, i)).failing_since for i in ids]
+        assert all(at is not None for at in first)
+
+        failing = {"/b"}
+        clock.advance(60)
+        await raise_event(db, who, clock)
+        assert await pump(d) == 3
+    finally:
+        await d.stop()
+    after = [(await services.webhooks.get_endpoint(who, i)).failing_since for i in ids]
+    assert after == [None, first[1], None]
 
 
 async def test_a_slow_endpoint_does_not_hold_back_the_others(
