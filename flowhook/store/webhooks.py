@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, bindparam, delete, func, null, select, text, update
+from sqlalchemy import Integer, bindparam, delete, func, insert, null, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -87,6 +87,10 @@ _DUE = text(PENDING_DELIVERY)
 INTERRUPTED = "interrupted"
 """``error_class`` of an attempt whose process stopped before it recorded an outcome (the
 webhook may or may not have arrived); set when the delivery is claimed again."""
+_INTERRUPTED_DETAIL = (
+    "the process sending this attempt stopped before it recorded an answer; the webhook may "
+    "or may not have arrived"
+)
 
 
 def _endpoint(row: Any, events_of: list[str], box: SecretBox) -> Endpoint:
@@ -493,6 +497,8 @@ _DUE_COLUMNS = (
     runs.c.traceparent,
 )
 _DUE_NAMES = tuple(c.key for c in _DUE_COLUMNS)
+_CLAIMED_OWN = ("id", "event_id", "event_type", "endpoint_id", "attempts", "created_at", "run_id")
+"""The columns of :data:`_DUE_COLUMNS` that are the delivery's own (read from the claim)."""
 _DUE_TIMES = frozenset(("event_at", "previous_secret_expires_at", "failing_since", "created_at"))
 """Read as SQLite's text on the raw path, made aware datetimes there."""
 _DUE_PLAIN = tuple(
@@ -526,11 +532,19 @@ async def claim_deliveries(
     the batch, read in order from the partial index on ``due_at``, passing over the ones
     under a live lease), so a claim does not sort the whole backlog: with 5,000 due it took
     8 ms, most of the dispatcher's time.
+
+    On PostgreSQL the claim is one statement, atomic on its own: ``conn`` may be in
+    autocommit (:meth:`~flowhook.store.db.Database.statement`). On SQLite it is several, in
+    ``conn``'s transaction.
     """
     if busy_endpoints:  # none due past the busy endpoints: nothing to rank (a cheap read)
         due = await next_due_delivery(conn, busy_endpoints)
         if due is None or due > now:
             return []
+    if conn.dialect.name == "postgresql":
+        return await _claim_at_once(
+            conn, owner, now, lease_until, limit, per_endpoint, busy_endpoints
+        )
     ids = await _oldest_due(conn, now, limit, per_endpoint, busy_endpoints)
     if not ids:
         return []
@@ -551,6 +565,29 @@ async def claim_deliveries(
         [{"delivery_id": r[0], "number": r[1], "started_at": now} for r in claimed],
     )
     return await _due_of(conn, claimed_ids)
+
+
+async def _claim_at_once(
+    conn: AsyncConnection,
+    owner: str,
+    now: datetime,
+    lease_until: datetime,
+    limit: int,
+    per_endpoint: int,
+    busy_endpoints: Sequence[str],
+) -> list[DueDelivery]:
+    """PostgreSQL: :func:`claim_deliveries` in one statement (:func:`_claim_at_once_statement`),
+    so it is one round trip, and atomic on its own: the caller needs no transaction."""
+    busy = sorted(busy_endpoints)
+    params: dict[str, Any] = {
+        "now": now, "window": 2 * limit, "per_endpoint": per_endpoint, "limit": limit,
+        "owner": owner, "lease_until": lease_until,
+    }  # fmt: skip
+    if busy:
+        params["busy"] = busy
+    rows = await bulk.run_pg(conn, _claim_at_once_statement(bool(busy)), params)
+    box = cipher(conn)
+    return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
 
 async def _due_of(conn: AsyncConnection, ids: Sequence[str]) -> list[DueDelivery]:
@@ -596,6 +633,62 @@ def _claim_statement() -> Any:
             attempts=_D.attempts + 1,
         )
         .returning(_D.id, _D.attempts)
+    )
+
+
+@cache
+def _claim_at_once_statement(busy: bool) -> Any:
+    """The whole claim as one PostgreSQL statement: the oldest due deliveries' ids
+    (:func:`_oldest_due_statement`) are claimed (:func:`_claim_statement`'s guard and
+    values); the attempts the claimed ones' processes left open are marked interrupted;
+    each claimed delivery's new attempt is logged; and what the attempts need is read
+    (:data:`_DUE_COLUMNS`, the deliveries' own columns as the claim left them), oldest
+    first. Claimed step by step, each of its five round trips and the transaction's two
+    waited behind the dispatcher's busy event loop: ~21 ms a claim of 64 under load, the
+    bound of PostgreSQL's deliveries/s."""
+    oldest = _oldest_due_statement(busy).subquery("oldest")
+    until = bindparam("lease_until", type_=_D.next_attempt_at.type)
+    now = bindparam("now", type_=_D.next_attempt_at.type)
+    claimed = (
+        update(deliveries)
+        .where(_D.id.in_(select(oldest.c.id)), _DUE, _D.next_attempt_at <= now)
+        .values(
+            lease_owner=bindparam("owner"),
+            lease_expires_at=until,
+            next_attempt_at=until,
+            attempts=_D.attempts + 1,
+        )
+        .returning(*(_D[name] for name in _CLAIMED_OWN))
+        .cte("claimed")
+    )
+    _A = delivery_attempts.c
+    interrupted = (
+        update(delivery_attempts)
+        .where(
+            _A.delivery_id.in_(select(claimed.c.id).where(claimed.c.attempts > 1)),
+            _A.finished_at.is_(None),
+            _A.error_class.is_(None),
+        )
+        .values(error_class=INTERRUPTED, error_detail=_INTERRUPTED_DETAIL)
+        .cte("interrupted")
+    )
+    logged = (
+        insert(delivery_attempts)
+        .from_select(
+            ["delivery_id", "number", "started_at"],
+            select(claimed.c.id, claimed.c.attempts, now),
+        )
+        .cte("logged")
+    )
+    columns = [claimed.c[c.key].label(c.key) if c.key in _CLAIMED_OWN else c for c in _DUE_COLUMNS]
+    return (
+        select(*columns)
+        .select_from(claimed)
+        .join(events, events.c.id == claimed.c.event_id)
+        .outerjoin(webhook_endpoints, _EP.id == claimed.c.endpoint_id)
+        .outerjoin(runs, runs.c.run_id == claimed.c.run_id)
+        .order_by(claimed.c.created_at)
+        .add_cte(interrupted, logged)
     )
 
 
@@ -695,11 +788,7 @@ async def _mark_interrupted(conn: AsyncConnection, delivery_ids: Sequence[str]) 
             delivery_attempts.c.finished_at.is_(None),
             delivery_attempts.c.error_class.is_(None),
         )
-        .values(
-            error_class=INTERRUPTED,
-            error_detail="the process sending this attempt stopped before it recorded an "
-            "answer; the webhook may or may not have arrived",
-        )
+        .values(error_class=INTERRUPTED, error_detail=_INTERRUPTED_DETAIL)
     )
 
 
