@@ -456,16 +456,18 @@ _NUMBERED = re.compile(r"\$(\d+)")
 
 @lru_cache(maxsize=128)
 def _pg_raw_plan(
-    stmt: Any, lists: frozenset[str], dialect: Any
+    stmt: Any, dialect: Any
 ) -> tuple[str, tuple[tuple[str, bool, Convert | None], ...], dict[str, Any], tuple[Any, ...]]:
-    """``stmt`` compiled for PostgreSQL once, each list parameter of ``lists`` bound as one
-    array (``= ANY ($n)``, ``<> ALL ($n)``: one text, prepared once, whatever the list's
-    length); the parameters in the order the SQL numbers them, each with whether it is a
-    list and SQLAlchemy's bind processor for it; the values SQLAlchemy bound itself; and per
-    column read, its result processor (``None``: as the driver gives it)."""
+    """``stmt`` compiled for PostgreSQL once, each list of an ``IN`` (an ``expanding``
+    parameter) bound as one array (``= ANY ($n)``, ``<> ALL ($n)``: one text, prepared once,
+    whatever the list's length); the parameters in the order the SQL numbers them, each with
+    whether it is such a list and SQLAlchemy's bind processor for it; the values SQLAlchemy
+    bound itself; and per column read, its result processor (``None``: as the driver gives
+    it). An array parameter (``unnest``'s) is a value as any other."""
     compiled = stmt.compile(dialect=dialect)
     sql = str(compiled)
     names = list(compiled.positiontup or ())
+    lists = {n for n in names if compiled.binds[n].expanding}
     single = [n for n in names if n not in lists]
     if sorted({int(n) for n in _NUMBERED.findall(sql)}) != list(range(1, len(single) + 1)):
         raise RuntimeError(f"run_pg: unexpected numbering of {names} in {sql}")  # pragma: no cover
@@ -517,8 +519,7 @@ async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> li
     if conn.dialect.name != "postgresql":
         found = await conn.execute(stmt, params)
         return list(found.all()) if found.returns_rows else []
-    lists = frozenset(n for n, v in params.items() if isinstance(v, list | tuple))
-    sql, order, own, read = _pg_raw_plan(stmt, lists, conn.dialect)
+    sql, order, own, read = _pg_raw_plan(stmt, conn.dialect)
     values: list[Any] = []
     for name, many, bind in order:
         value = params[name] if name in params else own[name]

@@ -23,6 +23,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from flowhook.store import bulk
 from flowhook.store.db import Database
@@ -152,9 +153,15 @@ async def test_updates_with_and_without_returning(db: Database) -> None:
         assert (await conn.execute(select(_T.on).where(_T.id == IDS[0]))).scalar() is False
 
 
+async def test_an_array_value_is_one_value_not_a_list_to_expand(db: Database) -> None:
+    numbers = select(func.unnest(bindparam("xs", type_=ARRAY(Integer)), type_=Integer))
+    async with db.read() as conn:
+        assert await bulk.run_pg(conn, numbers, {"xs": [3, 1, 2]}) == [(3,), (1,), (2,)]
+
+
 def test_a_column_read_with_no_known_reading_fails_the_plan() -> None:
     other = Table("run_pg_other", MetaData(), Column("id", Integer), Column("doc", JSON))
     from sqlalchemy.dialects.postgresql import asyncpg
 
     with pytest.raises(TypeError, match="no reading known"):
-        bulk._pg_raw_plan(select(other.c.doc), frozenset(), asyncpg.dialect())
+        bulk._pg_raw_plan(select(other.c.doc), asyncpg.dialect())
