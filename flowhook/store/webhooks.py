@@ -542,9 +542,8 @@ async def claim_deliveries(
         if due is None or due > now:
             return []
     if conn.dialect.name == "postgresql":
-        return await _claim_at_once(
-            conn, owner, now, lease_until, limit, per_endpoint, busy_endpoints
-        )
+        window = _window(now, limit, per_endpoint, busy_endpoints)
+        return await _claim_at_once(conn, {**window, "owner": owner, "lease_until": lease_until})
     ids = await _oldest_due(conn, now, limit, per_endpoint, busy_endpoints)
     if not ids:
         return []
@@ -567,25 +566,11 @@ async def claim_deliveries(
     return await _due_of(conn, claimed_ids)
 
 
-async def _claim_at_once(
-    conn: AsyncConnection,
-    owner: str,
-    now: datetime,
-    lease_until: datetime,
-    limit: int,
-    per_endpoint: int,
-    busy_endpoints: Sequence[str],
-) -> list[DueDelivery]:
+async def _claim_at_once(conn: AsyncConnection, params: dict[str, Any]) -> list[DueDelivery]:
     """PostgreSQL: :func:`claim_deliveries` in one statement (:func:`_claim_at_once_statement`),
     so it is one round trip, and atomic on its own: the caller needs no transaction."""
-    busy = sorted(busy_endpoints)
-    params: dict[str, Any] = {
-        "now": now, "window": 2 * limit, "per_endpoint": per_endpoint, "limit": limit,
-        "owner": owner, "lease_until": lease_until,
-    }  # fmt: skip
-    if busy:
-        params["busy"] = busy
-    rows = await bulk.run_pg(conn, _claim_at_once_statement(bool(busy)), params)
+    stmt = _claim_at_once_statement("busy" in params)
+    rows = await bulk.run_pg(conn, stmt, params)
     box = cipher(conn)
     return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
@@ -744,16 +729,24 @@ async def _oldest_due(
 ) -> list[str]:
     """The ids of up to ``limit`` due deliveries, oldest first, at most ``per_endpoint`` of
     any one endpoint and none of ``busy_endpoints`` (see :func:`claim_deliveries`)."""
-    busy = list(busy_endpoints)
+    params = _window(now, limit, per_endpoint, busy_endpoints)
+    stmt = _oldest_due_statement("busy" in params)
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        return [r[0] for r in await bulk.run_raw(inline, stmt, params)]
+    return [r[0] for r in await bulk.run_pg(conn, stmt, params)]
+
+
+def _window(
+    now: datetime, limit: int, per_endpoint: int, busy_endpoints: Sequence[str]
+) -> dict[str, Any]:
+    """The parameters of :func:`_oldest_due_statement` (``busy`` only when there are any)."""
     params: dict[str, Any] = {
         "now": now, "window": 2 * limit, "per_endpoint": per_endpoint, "limit": limit,
     }  # fmt: skip
-    if busy:
-        params["busy"] = busy
-    inline = bulk.inline_sqlite(conn)
-    if inline is not None:
-        return [r[0] for r in await bulk.run_raw(inline, _oldest_due_statement(bool(busy)), params)]
-    return [r[0] for r in await bulk.run_pg(conn, _oldest_due_statement(bool(busy)), params)]
+    if busy_endpoints:
+        params["busy"] = sorted(busy_endpoints)
+    return params
 
 
 async def reserve_send(conn: AsyncConnection, endpoint_id: str, now: datetime) -> datetime:
