@@ -196,11 +196,11 @@ class Database:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def statement(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
-        """A connection for a block of one write statement (the engine's run claim). On
-        PostgreSQL in autocommit: the statement is a transaction of its own, so it pays no
-        ``BEGIN`` and ``COMMIT`` round trips; on SQLite a write transaction, as
-        :meth:`transaction`. A block of more than one statement needs :meth:`transaction`:
-        here each would commit alone."""
+        """A connection for a block of one write statement (the engine's run claim, the
+        dispatcher's delivery claim on PostgreSQL). On PostgreSQL in autocommit: the
+        statement is a transaction of its own, so it pays no ``BEGIN`` and ``COMMIT`` round
+        trips; on SQLite a write transaction, as :meth:`transaction`. A block of more than
+        one statement needs :meth:`transaction`: here each would commit alone."""
         if self._autocommit_writes is None:
             return self.transaction()
         return self._writing(self._autocommit_writes.connect())
@@ -251,6 +251,7 @@ class Database:
             return None
         except Exception:
             log.warning("could not gather statistics of %s", ", ".join(tables), exc_info=True)
+            return []  # what was analyzed was rolled back with it
         return done
 
     async def dispose(self) -> None:

@@ -25,7 +25,8 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, bindparam, delete, func, insert, null, select, text, update
+from sqlalchemy import Integer, any_, bindparam, delete, func, insert, null, select, text, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
@@ -41,6 +42,7 @@ from flowhook.store.tables import (
     runs,
     webhook_endpoints,
 )
+from flowhook.store.types import IdType
 
 __all__ = [
     "DELIVERY_CHANNEL",
@@ -621,6 +623,11 @@ def _claim_statement() -> Any:
     )
 
 
+def _array_of(ids: Any) -> Any:
+    """``ARRAY(SELECT ids …)``: computed once (an InitPlan), then read as ``id = ANY(…)``."""
+    return func.ARRAY(select(ids).scalar_subquery(), type_=postgresql.ARRAY(IdType()))
+
+
 @cache
 def _claim_at_once_statement(busy: bool) -> Any:
     """The whole claim as one PostgreSQL statement: the oldest due deliveries' ids
@@ -630,13 +637,34 @@ def _claim_at_once_statement(busy: bool) -> Any:
     (:data:`_DUE_COLUMNS`, the deliveries' own columns as the claim left them), oldest
     first. Claimed step by step, each of its five round trips and the transaction's two
     waited behind the dispatcher's busy event loop: ~21 ms a claim of 64 under load, the
-    bound of PostgreSQL's deliveries/s."""
+    bound of PostgreSQL's deliveries/s.
+
+    The rows are locked first, in id order (the lock order rule), in a CTE run once: an
+    ``UPDATE … WHERE id IN (<the oldest>)`` locked them in the order of whatever scan the
+    planner chose, and concurrent claims deadlocked. Both steps take their ids as one array
+    (an InitPlan), so each reads the rows by key."""
     oldest = _oldest_due_statement(busy).subquery("oldest")
     until = bindparam("lease_until", type_=_D.next_attempt_at.type)
     now = bindparam("now", type_=_D.next_attempt_at.type)
+    locked = (
+        select(_D.id)
+        .where(
+            _D.id == any_(_array_of(oldest.c.id)),
+            _DUE,
+            _D.next_attempt_at <= now,
+        )
+        .order_by(_D.id)
+        .with_for_update(key_share=True)  # what the UPDATE takes: FOR NO KEY UPDATE
+        .cte("locked")
+        .prefix_with("MATERIALIZED")
+    )
     claimed = (
         update(deliveries)
-        .where(_D.id.in_(select(oldest.c.id)), _DUE, _D.next_attempt_at <= now)
+        .where(
+            _D.id == any_(_array_of(locked.c.id)),
+            _DUE,
+            _D.next_attempt_at <= now,
+        )
         .values(
             lease_owner=bindparam("owner"),
             lease_expires_at=until,
@@ -1000,7 +1028,7 @@ def _healthy_statement() -> Any:
         select(_EP.id)
         .where(_EP.id.in_(bindparam("ids", expanding=True)), _EP.failing_since.is_not(None))
         .order_by(_EP.id)
-        .with_for_update()
+        .with_for_update(key_share=True)  # what the UPDATE takes: FOR NO KEY UPDATE
         .cte("failing")
         .prefix_with("MATERIALIZED", dialect="postgresql")
     )

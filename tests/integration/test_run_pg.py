@@ -72,6 +72,12 @@ MOVE = (
     .returning(_T.id, _T.n, _T.at)
 )
 TOUCH = update(things).where(_T.id.in_(bindparam("ids", expanding=True))).values(on=False)
+CLEAR = (  # a None SQLAlchemy binds itself, beside a list used twice
+    update(things)
+    .where(_T.id.in_(bindparam("ids", expanding=True)), _T.parent.not_in(bindparam("ids")))
+    .values(parent=None)
+    .returning(_T.id, _T.parent)
+)
 
 
 @pytest.fixture
@@ -157,6 +163,11 @@ async def test_an_array_value_is_one_value_not_a_list_to_expand(db: Database) ->
     numbers = select(func.unnest(bindparam("xs", type_=ARRAY(Integer)), type_=Integer))
     async with db.read() as conn:
         assert await bulk.run_pg(conn, numbers, {"xs": [3, 1, 2]}) == [(3,), (1,), (2,)]
+
+
+async def test_a_none_sqlalchemy_binds_itself_and_a_list_used_twice(db: Database) -> None:
+    fast, slow = await _both(db, CLEAR, {"ids": [IDS[1], IDS[3]]})
+    assert sorted(fast) == sorted(slow) == [(IDS[1], None), (IDS[3], None)]
 
 
 def test_a_column_read_with_no_known_reading_fails_the_plan() -> None:
