@@ -248,6 +248,7 @@ async def test_the_claims_read_their_partial_indexes_in_order(tmp_path: Path) ->
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # rows lock there
 async def test_concurrent_claims_take_each_delivery_once_without_deadlock(
     services: Services, db: Database
 ) -> None:
@@ -255,8 +256,7 @@ async def test_concurrent_claims_take_each_delivery_once_without_deadlock(
     their rows in id order; a review found claims that locked them in the order of the
     planner's scan deadlocking (40P01, a WriteConflict here) with a table of 100,000
     finished deliveries, which this test's smaller table did not reproduce."""
-    if db.dialect != "postgresql":
-        pytest.skip("concurrent claims lock rows on PostgreSQL")
+    assert db.dialect == "postgresql"
     clock = FakeClock()
     who, _ = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abcd"])
     await raise_event(db, who, clock, n=1000)  # 4,000 deliveries, all due
