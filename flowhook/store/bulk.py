@@ -290,6 +290,24 @@ def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     return type_
 
 
+def _array_param(table: Table, label: str, column: str) -> Any:
+    """The parameter ``a_<label>``: an array of ``table.column``'s type."""
+    item = _pg_item_type(table.c[column].type)
+    return bindparam(f"a_{label}", type_=postgresql.ARRAY(item))
+
+
+def unnested(table: Table, names: Sequence[tuple[str, str]]) -> Any:
+    """PostgreSQL: ``(SELECT unnest(:a_<label>) AS <label>, …) AS v``, rows given as one
+    array parameter per column: per ``(label, column)`` of ``names``, the array ``a_<label>``
+    of ``table``'s column's type. Any number of rows is one statement text."""
+    return select(
+        *(
+            func.unnest(_array_param(table, label, n), type_=table.c[n].type).label(label)
+            for label, n in names
+        )
+    ).subquery("v")
+
+
 @lru_cache(maxsize=64)
 def _unnest_statement(
     table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None, ordered: bool
@@ -298,13 +316,7 @@ def _unnest_statement(
     AND <guard> RETURNING <keys>``: one statement for any number of rows. ``ordered``: the
     rows are first locked in the order of the first key column, in the same statement."""
     names = [(f"v_{c}", c) for c in columns] + [(f"k_{k}", k) for k in keys]
-    arrays = {
-        label: bindparam(f"a_{label}", type_=postgresql.ARRAY(_pg_item_type(table.c[n].type)))
-        for label, n in names
-    }
-    v = select(
-        *(func.unnest(arrays[label], type_=table.c[n].type).label(label) for label, n in names)
-    ).subquery("v")
+    v = unnested(table, names)
     stmt = (
         table.update()
         .where(and_(*(table.c[k] == v.c[f"k_{k}"] for k in keys)))
@@ -319,7 +331,7 @@ def _unnest_statement(
         first = table.c[keys[0]]
         locked = (
             select(first)
-            .where(first == any_(arrays[f"k_{keys[0]}"]))
+            .where(first == any_(_array_param(table, f"k_{keys[0]}", keys[0])))
             .order_by(first)
             .with_for_update(key_share=True)  # what the UPDATE takes: FOR NO KEY UPDATE
             .cte("locked")
@@ -513,9 +525,11 @@ async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> li
 
     The dispatcher's statements run many times a second with lists of up to 64 ids. Through
     SQLAlchemy each execution wrote its ``IN (…)`` out again (a placeholder and a cast per
-    id, a statement text per list length) and ran a type processor per value read: three
-    quarters of a claim's time in the engine. Here each list is one array parameter, the
-    SQL is compiled once, and only the values that need it are processed."""
+    id, a statement text per list length, each text prepared anew) and ran a type processor
+    per value read. Here each list is one array parameter, the SQL is compiled once, and
+    only the values that need it are processed: a read of 64 due deliveries costs 0.79 ms of
+    the process's CPU against 0.96 ms through SQLAlchemy. (Most of the claim's gain came
+    from making it one statement, not from this path.)"""
     if conn.dialect.name != "postgresql":
         found = await conn.execute(stmt, params)
         return list(found.all()) if found.returns_rows else []

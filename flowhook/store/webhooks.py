@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import orjson
@@ -338,8 +338,12 @@ async def insert_deliveries(
             row["lease_expires_at"] = until if taken_here else None
             if taken_here:
                 row["next_attempt_at"] = until
-    await bulk.insert(conn, deliveries, rows)
-    if handoff is not None and taken:
+    if handoff is None or now is None or not taken:
+        await bulk.insert(conn, deliveries, rows)
+    elif conn.dialect.name == "postgresql":  # the rows, attempt lines and reads: one trip
+        handoff.claimed.extend(await _handoff_at_once(conn, rows, now))
+    else:
+        await bulk.insert(conn, deliveries, rows)
         # every attempt is logged before it is sent, as a claim logs it
         await bulk.insert(
             conn,
@@ -571,9 +575,14 @@ async def claim_deliveries(
 async def _claim_at_once(conn: AsyncConnection, params: dict[str, Any]) -> list[DueDelivery]:
     """PostgreSQL: :func:`claim_deliveries` in one statement (:func:`_claim_at_once_statement`),
     so it is one round trip, and atomic on its own: the caller needs no transaction."""
-    stmt = _claim_at_once_statement("busy" in params)
+    return await _due_rows(conn, _claim_at_once_statement("busy" in params), params)
+
+
+async def _due_rows(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> list[DueDelivery]:
+    """PostgreSQL: ``stmt`` run (:func:`~flowhook.store.bulk.run_pg`), its rows of
+    :data:`_DUE_COLUMNS` made deliveries to attempt."""
     rows = await bulk.run_pg(conn, stmt, params)
-    box = cipher(conn)
+    box = cipher(conn)  # opened values are cached: an endpoint's secret is decrypted once
     return [DueDelivery.from_values(dict(zip(_DUE_NAMES, r, strict=True)), box) for r in rows]
 
 
@@ -693,16 +702,57 @@ def _claim_at_once_statement(busy: bool) -> Any:
         )
         .cte("logged")
     )
-    columns = [claimed.c[c.key].label(c.key) if c.key in _CLAIMED_OWN else c for c in _DUE_COLUMNS]
+    return _due_from(claimed).add_cte(interrupted, logged)
+
+
+def _due_from(written: Any) -> Any:
+    """:data:`_DUE_COLUMNS` of the deliveries a CTE wrote (``RETURNING`` the columns of
+    :data:`_CLAIMED_OWN`: the rows as the statement left them, which its own reads of
+    ``deliveries`` would not see), oldest first."""
+    columns = [written.c[c.key].label(c.key) if c.key in _CLAIMED_OWN else c for c in _DUE_COLUMNS]
     return (
         select(*columns)
-        .select_from(claimed)
-        .join(events, events.c.id == claimed.c.event_id)
-        .outerjoin(webhook_endpoints, _EP.id == claimed.c.endpoint_id)
-        .outerjoin(runs, runs.c.run_id == claimed.c.run_id)
-        .order_by(claimed.c.created_at)
-        .add_cte(interrupted, logged)
+        .select_from(written)
+        .join(events, events.c.id == written.c.event_id)
+        .outerjoin(webhook_endpoints, _EP.id == written.c.endpoint_id)
+        .outerjoin(runs, runs.c.run_id == written.c.run_id)
+        .order_by(written.c.created_at)
     )
+
+
+@lru_cache(maxsize=8)
+def _handoff_statement(columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: a hand-off's deliveries written (``columns``, one array parameter each:
+    :func:`~flowhook.store.bulk.unnested`), the attempt line of each one taken (written with
+    one attempt counted) logged, and what the taken ones' attempts need read, as
+    :func:`_claim_at_once_statement` reads it: one round trip instead of three."""
+    rows = bulk.unnested(deliveries, [(c, c) for c in columns])
+    written = (
+        insert(deliveries)
+        .from_select(list(columns), select(*(rows.c[c] for c in columns)))
+        .returning(*(_D[name] for name in _CLAIMED_OWN))
+        .cte("written")
+    )
+    taken = written.c.attempts > 0
+    now = bindparam("now", type_=_D.due_at.type)
+    lines = select(written.c.id, written.c.attempts, now).where(taken)
+    logged = (
+        insert(delivery_attempts)
+        .from_select(["delivery_id", "number", "started_at"], lines)
+        .cte("logged")
+    )
+    return _due_from(written).where(taken).add_cte(logged)
+
+
+async def _handoff_at_once(
+    conn: AsyncConnection, rows: Sequence[dict[str, Any]], now: datetime
+) -> list[DueDelivery]:
+    """PostgreSQL: :func:`insert_deliveries`'s rows with a hand-off, in one statement
+    (:func:`_handoff_statement`); what the taken ones' attempts need."""
+    columns = tuple(rows[0])
+    params: dict[str, Any] = {f"a_{c}": [row[c] for row in rows] for c in columns}
+    params["now"] = now
+    return await _due_rows(conn, _handoff_statement(columns), params)
 
 
 @cache

@@ -122,6 +122,24 @@ async def test_taken_deliveries_are_written_claimed_the_rest_queued(
     assert [d.endpoint_id for d in claimed] == [queued]
 
 
+async def test_what_a_hand_off_reads_is_what_a_claim_reads(
+    services: Services, db: Database
+) -> None:
+    """On PostgreSQL a hand-off writes its rows, logs its attempts and reads them back in
+    one statement of its own: it gives the dispatcher the same deliveries, field for field,
+    as the claim's read of the same rows."""
+    clock = FakeClock()
+    who, _ = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
+    h = handoff(clock, room=2)
+    await raise_with(db, who, clock, h)
+    assert len(h.claimed) == 2
+    async with db.read() as conn:
+        read = await store._due_of(conn, [d.id for d in h.claimed])
+    by_id = sorted(h.claimed, key=lambda d: d.id)
+    assert by_id == sorted(read, key=lambda d: d.id)
+    assert all(d.run_id == "run_x" and d.flow_id == "wf_x" and d.attempts == 1 for d in by_id)
+
+
 async def test_nothing_is_taken_while_a_due_delivery_waits_in_the_queue(
     services: Services, db: Database
 ) -> None:

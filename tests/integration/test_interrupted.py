@@ -220,6 +220,28 @@ async def test_a_delivery_cut_short_shows_its_attempt_interrupted(
     assert (second.number, second.status_code, second.error_class) == (2, 200, None)
 
 
+async def test_a_claim_again_marks_only_the_lines_left_open_before_it(
+    services: Services, db: Database
+) -> None:
+    """Claimed three times by processes that die, a delivery has lines 1 and 2 marked
+    interrupted and line 3 (the attempt under way, logged in the same statement that marks
+    the others) open: the mark must not reach the line its own claim writes."""
+    clock = FakeClock()
+    who, _ = await setup(services, clock, ["http://127.0.0.1:9/"])
+    await raise_event(db, who, clock)
+    for owner in ("dead-1", "dead-2", "alive"):
+        now = clock.now()
+        async with db.transaction() as conn:
+            [claimed] = await webhooks_store.claim_deliveries(
+                conn, owner=owner, now=now, lease_until=now + LEASE, limit=8, per_endpoint=8
+            )
+        clock.advance(LEASE.total_seconds() + 1)
+    assert claimed.attempts == 3
+    delivery, _ = await services.webhooks.get_delivery(who, claimed.id)
+    lines = [(a.number, a.error_class, a.finished_at) for a in delivery.attempt_log]
+    assert lines == [(1, "interrupted", None), (2, "interrupted", None), (3, None, None)]
+
+
 async def test_a_delivery_claimed_again_goes_before_the_backlog(
     services: Services, db: Database
 ) -> None:
