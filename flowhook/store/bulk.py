@@ -45,6 +45,7 @@ from sqlalchemy.types import (
     Float,
     Integer,
     LargeBinary,
+    NullType,
     SmallInteger,
     String,
     Text,
@@ -308,6 +309,12 @@ def unnested(table: Table, names: Sequence[tuple[str, str]]) -> Any:
     ).subquery("v")
 
 
+def unnested_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The parameters of :func:`unnested` with labels that are the column names, for rows
+    that all have the same keys: ``a_<column>``, the column's values in row order."""
+    return {f"a_{c}": [row[c] for row in rows] for c in rows[0]}
+
+
 @lru_cache(maxsize=64)
 def _unnest_statement(
     table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None, ordered: bool
@@ -502,8 +509,9 @@ def _pg_raw_plan(
     return sql, tuple(order), own, read
 
 
-_READ_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = _STORED_AS_GIVEN | {Boolean, Float}
-"""Types whose values asyncpg reads as SQLAlchemy gives them (no result processing)."""
+_READ_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = _STORED_AS_GIVEN | {Boolean, Float, NullType}
+"""Types whose values asyncpg reads as SQLAlchemy gives them (no result processing; a
+function of no declared type, such as ``pg_notify``'s void, is not processed either)."""
 
 
 def _pg_reader(type_: TypeEngine[Any], dialect: Any) -> Convert | None:
@@ -512,6 +520,8 @@ def _pg_reader(type_: TypeEngine[Any], dialect: Any) -> Convert | None:
     have made something else."""
     if type(type_) in (IdType, UTCDateTime):
         return type_.result_processor(dialect, None)
+    if type(type_) is JSON:  # JSONB here: read as SQLAlchemy's own dialect reads it
+        return type_.dialect_impl(dialect).result_processor(dialect, None)
     if type(type_) in _READ_AS_GIVEN:
         return None
     raise TypeError(f"run_pg: no reading known for a column of {type_!r}; add one to bulk.py")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import String, bindparam, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
@@ -32,8 +34,6 @@ EVENTS_CHANNEL = "flowhook_events"
 """PostgreSQL NOTIFY channel: events were committed; the payload is the lowest event id the
 transaction wrote, so a listener reads from there even when ids commit out of order."""
 
-_NOTIFY = text(f"SELECT pg_notify('{EVENTS_CHANNEL}', :floor)")
-
 
 async def insert_events(
     conn: AsyncConnection, batch: Sequence[Event], *, to_endpoint: str | None = None
@@ -45,8 +45,13 @@ async def insert_events(
     Returns the number of deliveries queued."""
     if not batch:
         return 0
-    await bulk.insert(conn, events, [e.to_row() for e in batch])
-    await _announce(conn, min(e.id for e in batch))
+    rows = [e.to_row() for e in batch]
+    floor = min(e.id for e in batch)
+    if _announces(conn, floor):  # on PostgreSQL: one round trip for both
+        params = {**bulk.unnested_params(rows), "floor": floor}
+        await bulk.run_pg(conn, _insert_announcing(tuple(rows[0])), params)
+    else:
+        await bulk.insert(conn, events, rows)
     if to_endpoint is not None:  # a test event: to that endpoint alone
         queued = [Delivery.queued(new_id("dlv"), e, to_endpoint) for e in batch]
         await webhooks_store.insert_deliveries(conn, queued)
@@ -71,17 +76,28 @@ async def insert_events(
     return len(queued)
 
 
-async def _announce(conn: AsyncConnection, floor: str) -> None:
-    """Tell event streams at commit: this process's (``conn.info["tx"]``), and on PostgreSQL
-    every other one's (NOTIFY, delivered at commit, once per transaction)."""
+def _announces(conn: AsyncConnection, floor: str) -> bool:
+    """Tell event streams at commit: this process's (``conn.info["tx"]``) at once; whether
+    other processes must be told too (PostgreSQL: a NOTIFY, delivered at commit, once per
+    transaction and lower floor)."""
     tx = conn.info.get("tx")
     if tx is not None:
         seen = tx.get(EVENTS_FLOOR)
         if seen is not None and seen <= floor:
-            return  # this transaction already announced an event at or below this one
+            return False  # this transaction already announced an event at or below this one
         tx[EVENTS_FLOOR] = floor
-    if conn.dialect.name == "postgresql":
-        await conn.execute(_NOTIFY, {"floor": floor})
+    return conn.dialect.name == "postgresql"
+
+
+@lru_cache(maxsize=8)
+def _insert_announcing(columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: the events' rows written (one array parameter per column of ``columns``:
+    :func:`~flowhook.store.bulk.unnested`) and ``pg_notify`` of :data:`EVENTS_CHANNEL` with
+    ``floor``, in one statement."""
+    rows = bulk.unnested(events, [(c, c) for c in columns])
+    written = insert(events).from_select(list(columns), select(*(rows.c[c] for c in columns))).cte()
+    floor = bindparam("floor", type_=String)
+    return select(func.pg_notify(EVENTS_CHANNEL, floor)).add_cte(written)
 
 
 async def events_after(conn: AsyncConnection, after: str, *, limit: int) -> list[Event]:

@@ -226,8 +226,8 @@ async def subscribers(
             )
         ]
     return [
-        Subscriber(r.endpoint_id, r.event, r.filter_flow_ids, r.ordering == FIFO)
-        for r in (await conn.execute(_subscribers_statement(), params)).all()
+        Subscriber(ep, event, flows, order == FIFO)
+        for ep, event, flows, order in await bulk.run_pg(conn, _subscribers_statement(), params)
     ]
 
 
@@ -749,10 +749,8 @@ async def _handoff_at_once(
 ) -> list[DueDelivery]:
     """PostgreSQL: :func:`insert_deliveries`'s rows with a hand-off, in one statement
     (:func:`_handoff_statement`); what the taken ones' attempts need."""
-    columns = tuple(rows[0])
-    params: dict[str, Any] = {f"a_{c}": [row[c] for row in rows] for c in columns}
-    params["now"] = now
-    return await _due_rows(conn, _handoff_statement(columns), params)
+    params = {**bulk.unnested_params(rows), "now": now}
+    return await _due_rows(conn, _handoff_statement(tuple(rows[0])), params)
 
 
 @cache

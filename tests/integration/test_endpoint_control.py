@@ -103,12 +103,14 @@ async def test_lifting_fifo_lets_the_held_deliveries_go(api: Api, receiver: Rece
     await run_all(api, flow_id, 3)
     await until(lambda: len(receiver.of("flow.completed")) >= 1)
     await asyncio.sleep(0.3)
-    assert set(delivered_orders(receiver)) == {0}
+    # One delivery goes, the others wait behind it: the first run to complete (the engine
+    # may complete the three in one batch, in any order) holds the next two.
+    assert len(set(delivered_orders(receiver))) == 1, delivered_orders(receiver)
     r = await api.client.patch(
         f"/api/v1/webhooks/endpoints/{ep['id']}", json={"ordering": None}, headers=api.auth()
     )
     assert r.status_code == 200 and r.json()["ordering"] is None, r.text
-    await until(lambda: {1, 2} <= set(delivered_orders(receiver)))
+    await until(lambda: {0, 1, 2} <= set(delivered_orders(receiver)))
 
 
 async def test_a_rate_limit_spreads_deliveries(api: Api, receiver: Receiver) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import (
-    JSON,
     Boolean,
     Column,
     Float,
     Integer,
     LargeBinary,
     MetaData,
+    Numeric,
     Table,
     bindparam,
     func,
@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from flowhook.store import bulk
 from flowhook.store.db import Database
-from flowhook.store.types import IdType, UTCDateTime
+from flowhook.store.types import IdType, OptionalJSON, UTCDateTime
 
 pytestmark = pytest.mark.postgres
 
@@ -42,6 +42,7 @@ things = Table(
     Column("x", Float),
     Column("blob", LargeBinary),
     Column("parent", IdType()),
+    Column("doc", OptionalJSON),
 )
 T0 = datetime(2026, 1, 1, 12, 0, 0, 5, tzinfo=UTC)
 IDS = [f"dlv_{i:026d}" for i in range(6)]
@@ -92,6 +93,7 @@ async def db(pg_url: str) -> AsyncIterator[Database]:
                 {
                     "id": IDS[i], "at": T0 + timedelta(seconds=i), "on": i % 2 == 0, "n": i,
                     "x": i / 4, "blob": bytes([i]) * 3, "parent": IDS[0] if i % 2 else None,
+                    "doc": [["wf_a", "wf_b"], None, {"n": i}][i % 3],
                 }
                 for i in range(6)
             ],
@@ -170,9 +172,33 @@ async def test_a_none_sqlalchemy_binds_itself_and_a_list_used_twice(db: Database
     assert sorted(fast) == sorted(slow) == [(IDS[1], None), (IDS[3], None)]
 
 
+async def test_json_reads_as_sqlalchemys(db: Database) -> None:
+    docs = select(_T.id, _T.doc).where(_T.id.in_(bindparam("ids", expanding=True)))
+    fast, slow = await _both(db, docs.order_by(_T.id), {"ids": IDS})
+    assert fast == slow
+    assert [doc for _, doc in fast[:3]] == [["wf_a", "wf_b"], None, {"n": 2}]
+
+
+async def test_rows_written_as_one_array_per_column(db: Database) -> None:
+    rows = [
+        {
+            "id": f"dlv_{i:026d}", "at": T0 + timedelta(microseconds=i), "on": i % 2 == 0,
+            "n": i, "x": 0.5, "blob": bytes([i]), "parent": IDS[i % 2] if i % 3 else None,
+            "doc": {"i": i} if i % 2 else None,
+        }
+        for i in range(10, 14)
+    ]  # fmt: skip
+    v = bulk.unnested(things, [(c, c) for c in rows[0]])
+    write = things.insert().from_select(list(rows[0]), select(*(v.c[c] for c in rows[0])))
+    async with db.transaction() as conn:
+        assert await bulk.run_pg(conn, write, bulk.unnested_params(rows)) == []
+        found = await conn.execute(select(things).where(_T.n >= 10).order_by(_T.id))
+    assert [dict(r._mapping) for r in found] == rows
+
+
 def test_a_column_read_with_no_known_reading_fails_the_plan() -> None:
-    other = Table("run_pg_other", MetaData(), Column("id", Integer), Column("doc", JSON))
+    other = Table("run_pg_other", MetaData(), Column("id", Integer), Column("amount", Numeric))
     from sqlalchemy.dialects.postgresql import asyncpg
 
     with pytest.raises(TypeError, match="no reading known"):
-        bulk._pg_raw_plan(select(other.c.doc), asyncpg.dialect())
+        bulk._pg_raw_plan(select(other.c.amount), asyncpg.dialect())
