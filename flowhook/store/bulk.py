@@ -45,7 +45,6 @@ from sqlalchemy.types import (
     Float,
     Integer,
     LargeBinary,
-    NullType,
     SmallInteger,
     String,
     Text,
@@ -60,6 +59,8 @@ __all__ = [
     "insert",
     "update",
     "update_each",
+    "unnested",
+    "unnested_params",
     "raw_sqlite",
     "inline_sqlite",
     "run_raw",
@@ -292,9 +293,11 @@ def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
 
 
 def _array_param(table: Table, label: str, column: str) -> Any:
-    """The parameter ``a_<label>``: an array of ``table.column``'s type."""
+    """The parameter ``a_<label>``: an array of ``table.column``'s type, of one dimension
+    (else SQLAlchemy would take a JSON value that is a list, in the first row, for a second
+    dimension and process its elements one by one)."""
     item = _pg_item_type(table.c[column].type)
-    return bindparam(f"a_{label}", type_=postgresql.ARRAY(item))
+    return bindparam(f"a_{label}", type_=postgresql.ARRAY(item, dimensions=1))
 
 
 def unnested(table: Table, names: Sequence[tuple[str, str]]) -> Any:
@@ -509,9 +512,8 @@ def _pg_raw_plan(
     return sql, tuple(order), own, read
 
 
-_READ_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = _STORED_AS_GIVEN | {Boolean, Float, NullType}
-"""Types whose values asyncpg reads as SQLAlchemy gives them (no result processing; a
-function of no declared type, such as ``pg_notify``'s void, is not processed either)."""
+_READ_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = _STORED_AS_GIVEN | {Boolean, Float}
+"""Types whose values asyncpg reads as SQLAlchemy gives them (no result processing)."""
 
 
 def _pg_reader(type_: TypeEngine[Any], dialect: Any) -> Convert | None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import String, bindparam, func, insert, select
+from sqlalchemy import String, Text, bindparam, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
@@ -97,7 +97,7 @@ def _insert_announcing(columns: tuple[str, ...]) -> Any:
     rows = bulk.unnested(events, [(c, c) for c in columns])
     written = insert(events).from_select(list(columns), select(*(rows.c[c] for c in columns))).cte()
     floor = bindparam("floor", type_=String)
-    return select(func.pg_notify(EVENTS_CHANNEL, floor)).add_cte(written)
+    return select(func.pg_notify(EVENTS_CHANNEL, floor, type_=Text)).add_cte(written)  # void
 
 
 async def events_after(conn: AsyncConnection, after: str, *, limit: int) -> list[Event]:

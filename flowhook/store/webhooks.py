@@ -338,7 +338,7 @@ async def insert_deliveries(
             row["lease_expires_at"] = until if taken_here else None
             if taken_here:
                 row["next_attempt_at"] = until
-    if handoff is None or now is None or not taken:
+    if handoff is None or now is None or not taken:  # (``now`` is set with a hand-off)
         await bulk.insert(conn, deliveries, rows)
     elif conn.dialect.name == "postgresql":  # the rows, attempt lines and reads: one trip
         handoff.claimed.extend(await _handoff_at_once(conn, rows, now))

@@ -122,12 +122,13 @@ async def test_taken_deliveries_are_written_claimed_the_rest_queued(
     assert [d.endpoint_id for d in claimed] == [queued]
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 async def test_what_a_hand_off_reads_is_what_a_claim_reads(
     services: Services, db: Database
 ) -> None:
     """On PostgreSQL a hand-off writes its rows, logs its attempts and reads them back in
-    one statement of its own: it gives the dispatcher the same deliveries, field for field,
-    as the claim's read of the same rows."""
+    one statement of its own (SQLite reads them as the claim does): it gives the dispatcher
+    the same deliveries, field for field, as the claim's read of the same rows."""
     clock = FakeClock()
     who, _ = await setup(services, clock, [f"http://127.0.0.1:9/{n}" for n in "abc"])
     h = handoff(clock, room=2)

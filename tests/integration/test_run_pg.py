@@ -184,15 +184,18 @@ async def test_rows_written_as_one_array_per_column(db: Database) -> None:
         {
             "id": f"dlv_{i:026d}", "at": T0 + timedelta(microseconds=i), "on": i % 2 == 0,
             "n": i, "x": 0.5, "blob": bytes([i]), "parent": IDS[i % 2] if i % 3 else None,
-            "doc": {"i": i} if i % 2 else None,
+            "doc": [[i], {"i": i}, None, [{"j": i}, "k"]][i % 4],
         }
-        for i in range(10, 14)
+        for i in range(12, 16)
     ]  # fmt: skip
+    # a list first: one JSON value, not a second dimension of the array
     v = bulk.unnested(things, [(c, c) for c in rows[0]])
     write = things.insert().from_select(list(rows[0]), select(*(v.c[c] for c in rows[0])))
     async with db.transaction() as conn:
         assert await bulk.run_pg(conn, write, bulk.unnested_params(rows)) == []
         found = await conn.execute(select(things).where(_T.n >= 10).order_by(_T.id))
+        empty = select(func.count()).where(_T.n >= 10, _T.doc.is_(None))
+        assert (await conn.execute(empty)).scalar() == 1  # SQL NULL, not JSON null
     assert [dict(r._mapping) for r in found] == rows
 
 
