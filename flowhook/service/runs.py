@@ -192,6 +192,10 @@ class RunService:
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         try:
+            if self._db.dialect == "postgresql" and all(r.key is None for r in batch):
+                started = await self._start_at_once(batch)
+                if started is not None:
+                    return started
             async with self._db.transaction() as conn:
                 return await self._start_many(conn, batch)
         except sa_exc.IntegrityError:
@@ -208,14 +212,46 @@ class RunService:
                 results.append(result)
             return results
 
+    async def _start_at_once(
+        self, batch: Sequence[_StartRequest]
+    ) -> list[Started | BaseException] | None:
+        """PostgreSQL, a batch without an Idempotency-Key: its flows read, then its runs and
+        the workers' ``NOTIFY`` written as one statement (:func:`runs_store.insert_runs`), in
+        autocommit: two round trips where a transaction took five (``BEGIN``, the flow, the
+        runs, ``NOTIFY``, ``COMMIT``). One statement is atomic on its own, and the flows' read
+        takes the snapshot it took in the transaction (READ COMMITTED, no lock). ``None``
+        when a flow of the batch has flow control: its locks and reads need the transaction.
+        """
+        flows: dict[tuple[str, str, str], Flow | None] = {}
+        async with self._db.statement() as conn:
+            for req in batch:
+                await self._flow_of(conn, req, flows)
+            if any(f is not None and self._control(f) is not None for f in flows.values()):
+                return None
+            return await self._start_many(conn, batch, flows)
+
+    @staticmethod
+    async def _flow_of(
+        conn: AsyncConnection, req: _StartRequest, flows: dict[tuple[str, str, str], Flow | None]
+    ) -> Flow | None:
+        """The flow ``req`` executes, read once per batch (``flows``)."""
+        who = req.who
+        key = (who.workspace_id, str(who.mode), req.flow_id)
+        if key not in flows:
+            flows[key] = await flows_store.get_flow(conn, who.workspace_id, who.mode, req.flow_id)
+        return flows[key]
+
     async def _start_many(
-        self, conn: AsyncConnection, batch: Sequence[_StartRequest]
+        self,
+        conn: AsyncConnection,
+        batch: Sequence[_StartRequest],
+        flows: dict[tuple[str, str, str], Flow | None] | None = None,
     ) -> list[Started | BaseException]:
         now = self._clock.now()
         results: list[Started | BaseException] = []
         rows: list[tuple[Run, str | None, str | None]] = []
         encoded: list[orjson.Fragment] = []
-        flows: dict[tuple[str, str, str], Flow | None] = {}
+        flows = {} if flows is None else flows
         keyed: dict[tuple[str, str, str], tuple[Run, str | None]] = {}
         debounced: dict[tuple[str, str], tuple[Run, int]] = {}
         """Debounced runs this batch queues, with their place in ``encoded``."""
@@ -228,12 +264,7 @@ class RunService:
                 if seen is not None:
                     results.append(_replayed(seen, req.digest))
                     continue
-            flow_key = (who.workspace_id, str(who.mode), req.flow_id)
-            if flow_key not in flows:
-                flows[flow_key] = await flows_store.get_flow(
-                    conn, who.workspace_id, who.mode, req.flow_id
-                )
-            flow = flows[flow_key]
+            flow = await self._flow_of(conn, req, flows)
             if flow is None:
                 results.append(missing("flow", req.flow_id))
                 continue

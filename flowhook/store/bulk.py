@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Table, and_, any_, bindparam, func, literal_column, select, text
+from sqlalchemy import insert as insert_into
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import (
@@ -61,6 +62,7 @@ __all__ = [
     "update_each",
     "unnested",
     "unnested_params",
+    "insert_notifying",
     "raw_sqlite",
     "inline_sqlite",
     "run_raw",
@@ -316,6 +318,32 @@ def unnested_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     """The parameters of :func:`unnested` with labels that are the column names, for rows
     that all have the same keys: ``a_<column>``, the column's values in row order."""
     return {f"a_{c}": [row[c] for row in rows] for c in rows[0]}
+
+
+async def insert_notifying(
+    conn: AsyncConnection,
+    table: Table,
+    rows: Sequence[dict[str, Any]],
+    channel: str,
+    notice: str = "",
+) -> None:
+    """PostgreSQL: ``rows`` (all with the same keys) inserted and ``NOTIFY channel, notice``
+    in one statement: one round trip where an insert and a ``NOTIFY`` took two, and atomic
+    on its own, so it may run in autocommit (:meth:`~flowhook.store.db.Database.statement`).
+    The notification goes out when the statement's transaction commits, as a ``NOTIFY``'s
+    does."""
+    stmt = _insert_notifying(table, tuple(rows[0]), channel)
+    await run_pg(conn, stmt, {**unnested_params(rows), "notice": notice})
+
+
+@lru_cache(maxsize=16)
+def _insert_notifying(table: Table, columns: tuple[str, ...], channel: str) -> Any:
+    """``WITH written AS (INSERT … SELECT … FROM unnest(…)) SELECT pg_notify(channel,
+    :notice)``: a data-modifying CTE runs whether the query reads it or not."""
+    rows = unnested(table, [(c, c) for c in columns])
+    written = insert_into(table).from_select(list(columns), select(*(rows.c[c] for c in columns)))
+    notice = bindparam("notice", type_=String)
+    return select(func.pg_notify(channel, notice, type_=Text)).add_cte(written.cte())  # void
 
 
 @lru_cache(maxsize=64)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
-from typing import Any
 
-from sqlalchemy import String, Text, bindparam, func, insert, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
@@ -48,8 +46,7 @@ async def insert_events(
     rows = [e.to_row() for e in batch]
     floor = min(e.id for e in batch)
     if _announces(conn, floor):  # on PostgreSQL: one round trip for both
-        params = {**bulk.unnested_params(rows), "floor": floor}
-        await bulk.run_pg(conn, _insert_announcing(tuple(rows[0])), params)
+        await bulk.insert_notifying(conn, events, rows, EVENTS_CHANNEL, floor)
     else:
         await bulk.insert(conn, events, rows)
     if to_endpoint is not None:  # a test event: to that endpoint alone
@@ -87,17 +84,6 @@ def _announces(conn: AsyncConnection, floor: str) -> bool:
             return False  # this transaction already announced an event at or below this one
         tx[EVENTS_FLOOR] = floor
     return conn.dialect.name == "postgresql"
-
-
-@lru_cache(maxsize=8)
-def _insert_announcing(columns: tuple[str, ...]) -> Any:
-    """PostgreSQL: the events' rows written (one array parameter per column of ``columns``:
-    :func:`~flowhook.store.bulk.unnested`) and ``pg_notify`` of :data:`EVENTS_CHANNEL` with
-    ``floor``, in one statement."""
-    rows = bulk.unnested(events, [(c, c) for c in columns])
-    written = insert(events).from_select(list(columns), select(*(rows.c[c] for c in columns))).cte()
-    floor = bindparam("floor", type_=String)
-    return select(func.pg_notify(EVENTS_CHANNEL, floor, type_=Text)).add_cte(written)  # void
 
 
 async def events_after(conn: AsyncConnection, after: str, *, limit: int) -> list[Event]:

@@ -243,13 +243,13 @@ class Run:
     def to_row(self, payload: Any = None) -> dict[str, Any]:
         """The columns of a newly queued run, due at :attr:`due_at` (default: at once);
         ``payload``: the payload already encoded (default: :attr:`payload`, encoded by the
-        store). A run under flow control, or with a trace context, has columns of its own,
-        so a batch of rows is written in one statement per column set."""
+        store). A run under flow control, or a nested one, has columns of its own, so a
+        batch of rows is written in one statement per column set. The trace context is
+        always a column (``NULL``, its default, when there is none): the API's runs, with
+        or without one, are then one column set, one statement."""
         names = _RUN_INSERT if self.parent_run_id is None else _RUN_INSERT_NESTED
         if self.controlled:
             names = (*names, *_RUN_CONTROL)
-        if self.traceparent is not None:
-            names = (*names, "traceparent")
         due = self.queued_at if self.due_at is None else self.due_at
         return to_row(
             self,
@@ -455,7 +455,7 @@ class Delivery:
 _RUN_CONVERT = {"mode": Mode, "status": RunStatus}
 _RUN_INSERT = (
     *("run_id", "workspace_id", "mode", "flow_id", "flow_version", "trigger", "status"),
-    *("queued_at", "next_step", "rerun_of"),
+    *("queued_at", "next_step", "rerun_of", "traceparent"),
 )
 _RUN_INSERT_NESTED = (*_RUN_INSERT, "parent_run_id", "parent_idx", "root_run_id", "scope")
 _RUN_CONTROL = ("priority", "concurrency_key", "throttle_key", "debounce_key", "held")

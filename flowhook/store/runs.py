@@ -91,24 +91,29 @@ async def insert_runs(
     *,
     payloads: Sequence[orjson.Fragment] | None = None,
 ) -> None:
-    """Write many queued runs in one statement: (run, idempotency key, request hash) each;
-    ``payloads``, when given, are their payloads already encoded, in the same order (written
-    as they are, not encoded a second time)."""
+    """Write many queued runs: (run, idempotency key, request hash) each; ``payloads``, when
+    given, are their payloads already encoded, in the same order (written as they are, not
+    encoded a second time). One statement per column set (:meth:`Run.to_row`); on
+    PostgreSQL the last one also sends the workers' ``NOTIFY``, so runs of one column set
+    are one statement, atomic on its own (the API's accept runs it in autocommit)."""
     if not batch:
         return
     if payloads is not None and len(payloads) != len(batch):
         raise ValueError("one encoded payload per run")
-    shapes: dict[tuple[bool, bool], list[dict[str, Any]]] = {}
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for i, (run, key, digest) in enumerate(batch):
         row = run.to_row(None if payloads is None else payloads[i])
         row["idempotency_key"] = key
         row["request_hash"] = digest
-        shapes.setdefault((run.controlled, run.traceparent is not None), []).append(row)
-    for rows in shapes.values():  # one statement per column set
+        shapes.setdefault(tuple(row), []).append(row)
+    *first, last = shapes.values()  # one statement per column set
+    for rows in first:
         await bulk.insert(conn, runs, rows)
+    if conn.dialect.name == "postgresql":  # the last one and the workers' NOTIFY: one trip
+        await bulk.insert_notifying(conn, runs, last, NOTIFY_CHANNEL)
+    else:
+        await bulk.insert(conn, runs, last)
     conn.info.setdefault("wake", set()).add("runs")
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
 
 
 async def find_by_idempotency_key(

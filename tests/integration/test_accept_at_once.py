@@ -1,0 +1,111 @@
+"""Accepting runs in one statement on PostgreSQL (issue 18).
+
+A batch of executes without an ``Idempotency-Key`` reads its flows and writes its runs with
+the workers' ``NOTIFY`` as one statement, in autocommit: two round trips where a transaction
+took five. A run with a trace context and one without are one column set, so one statement.
+The transaction's path stays for what needs it (keys, flow control) and on SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, select
+
+from flowhook.service import Services
+from flowhook.store.db import Database
+from flowhook.store.models import Mode
+from flowhook.store.runs import NOTIFY_CHANNEL
+from flowhook.store.tables import runs
+
+FLOW = {"name": "plain", "steps": [{"id": "a", "type": "transform", "output": {"x": 1}}]}
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+async def statements(db: Database) -> AsyncIterator[list[tuple[str, Any]]]:
+    """Each statement the database's connections run: its text and its connection's
+    isolation level (``AUTOCOMMIT`` or ``None``, a transaction's)."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append((statement, conn.get_execution_options().get("isolation_level")))
+
+    target = db.writer.sync_engine
+    event.listen(target, "before_cursor_execute", record)
+    yield seen
+    event.remove(target, "before_cursor_execute", record)
+
+
+async def _who(services: Services) -> Any:
+    created = await services.keys.create(Mode.TEST, "acme")
+    return await services.keys.authenticate(f"Bearer {created.key}")
+
+
+async def test_runs_traced_and_not_are_written_together(services: Services, db: Database) -> None:
+    """Both backends: concurrent executes, some with a trace context, share a batch and each
+    run keeps its own (``NULL`` without one)."""
+    who = await _who(services)
+    flow = await services.flows.create(who, FLOW)
+    started = await asyncio.gather(
+        *(
+            services.runs.start(
+                who,
+                flow_id=flow.flow_id,
+                payload={"n": i},
+                traceparent=TRACEPARENT if i % 2 else None,
+            )
+            for i in range(6)
+        )
+    )
+    async with db.read() as conn:
+        stored = dict((await conn.execute(select(runs.c.run_id, runs.c.traceparent))).all())
+    assert {s.run.run_id: stored[s.run.run_id] for s in started} == {
+        s.run.run_id: TRACEPARENT if i % 2 else None for i, s in enumerate(started)
+    }
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_an_execute_is_two_statements_in_autocommit(
+    services: Services, db: Database, pg_url: str, statements: list[tuple[str, Any]]
+) -> None:
+    """The flow's read and one statement that writes the runs and sends the ``NOTIFY`` the
+    workers wait on, neither in a transaction; the notification arrives."""
+    who = await _who(services)
+    flow = await services.flows.create(who, FLOW)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await listener.add_listener(NOTIFY_CHANNEL, lambda *a: heard.put_nowait(a[2]))
+        statements.clear()
+        started = await services.runs.start(who, flow_id=flow.flow_id, payload={"n": 1})
+        assert await asyncio.wait_for(heard.get(), 5) == NOTIFY_CHANNEL
+    finally:
+        await listener.close()
+    texts = [s for s, _ in statements]
+    assert len(texts) == 2, texts
+    assert texts[0].lstrip().startswith("SELECT") and "flows" in texts[0]
+    assert "INSERT INTO runs" in texts[1] and "pg_notify" in texts[1]
+    assert {level for _, level in statements} == {"AUTOCOMMIT"}
+    assert (await services.runs.get(who, started.run.run_id)).payload == {"n": 1}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_an_execute_with_a_key_keeps_its_transaction(
+    services: Services, db: Database, statements: list[tuple[str, Any]]
+) -> None:
+    """An ``Idempotency-Key`` is looked up and written in one transaction: a second request
+    with it answers the first run."""
+    who = await _who(services)
+    flow = await services.flows.create(who, FLOW)
+    statements.clear()
+    first = await services.runs.start(who, flow_id=flow.flow_id, payload={}, idempotency_key="k1")
+    assert statements and {level for _, level in statements} == {None}
+    again = await services.runs.start(who, flow_id=flow.flow_id, payload={}, idempotency_key="k1")
+    assert again.replayed and again.run.run_id == first.run.run_id
