@@ -149,7 +149,8 @@ class RunService:
         traceparent: str | None = None,
     ) -> Started:
         """Queue a run: the run row (its own queue entry) is committed before this returns.
-        Concurrent calls share a transaction (group commit). ``parsed_by_orjson``: the
+        Concurrent calls share a write (group commit): a transaction, or on PostgreSQL, when
+        no call of the batch has a key or flow control, one statement. ``parsed_by_orjson``: the
         payload holds no NaN or Infinity (orjson's parser refuses them). ``traceparent``:
         the trace context the run joins, checked already (:func:`flowhook.tracing.accept`)."""
         if trigger not in TRIGGERS:
@@ -191,13 +192,14 @@ class RunService:
             self._accepted = 0
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
+        flows: dict[tuple[str, str, str], Flow | None] = {}
         try:
             if self._db.dialect == "postgresql" and all(r.key is None for r in batch):
-                started = await self._start_at_once(batch)
+                started = await self._start_at_once(batch, flows)
                 if started is not None:
                     return started
-            async with self._db.transaction() as conn:
-                return await self._start_many(conn, batch)
+            async with self._db.transaction() as conn:  # the flows already read: as good
+                return await self._start_many(conn, batch, flows)
         except sa_exc.IntegrityError:
             # Another process committed the same Idempotency-Key first: redo one by one, so
             # each request answers as that key now dictates.
@@ -213,22 +215,22 @@ class RunService:
             return results
 
     async def _start_at_once(
-        self, batch: Sequence[_StartRequest]
+        self, batch: Sequence[_StartRequest], flows: dict[tuple[str, str, str], Flow | None]
     ) -> list[Started | BaseException] | None:
-        """PostgreSQL, a batch without an Idempotency-Key: its flows read, then its runs and
-        the workers' ``NOTIFY`` written as one statement (:func:`runs_store.insert_runs`), in
-        autocommit: two round trips where a transaction took five (``BEGIN``, the flow, the
-        runs, ``NOTIFY``, ``COMMIT``). One statement is atomic on its own, and the flows' read
-        takes the snapshot it took in the transaction (READ COMMITTED, no lock). ``None``
-        when a flow of the batch has flow control: its locks and reads need the transaction.
+        """PostgreSQL, a batch without an Idempotency-Key: its flows read (into ``flows``),
+        then its runs and the workers' ``NOTIFY`` written as one statement
+        (:func:`runs_store.insert_runs` with ``alone``), in autocommit: two round trips where
+        a transaction took five (``BEGIN``, the flow, the runs, ``NOTIFY``, ``COMMIT``). One
+        statement is atomic on its own, and the flows' read takes the snapshot it took in the
+        transaction (READ COMMITTED, no lock). ``None`` when a flow of the batch has flow
+        control: its locks and reads need the transaction.
         """
-        flows: dict[tuple[str, str, str], Flow | None] = {}
         async with self._db.statement() as conn:
             for req in batch:
                 await self._flow_of(conn, req, flows)
             if any(f is not None and self._control(f) is not None for f in flows.values()):
                 return None
-            return await self._start_many(conn, batch, flows)
+            return await self._start_many(conn, batch, flows, alone=True)
 
     @staticmethod
     async def _flow_of(
@@ -246,7 +248,11 @@ class RunService:
         conn: AsyncConnection,
         batch: Sequence[_StartRequest],
         flows: dict[tuple[str, str, str], Flow | None] | None = None,
+        *,
+        alone: bool = False,
     ) -> list[Started | BaseException]:
+        """The batch's runs written on ``conn``; ``flows``: those already read; ``alone``:
+        ``conn`` is in autocommit (:meth:`_start_at_once`)."""
         now = self._clock.now()
         results: list[Started | BaseException] = []
         rows: list[tuple[Run, str | None, str | None]] = []
@@ -310,7 +316,7 @@ class RunService:
             if req.key is not None:
                 keyed[(who.workspace_id, who.mode, req.key)] = (run, req.digest)
             results.append(Started(run, replayed=False))
-        await runs_store.insert_runs(conn, rows, payloads=encoded)
+        await runs_store.insert_runs(conn, rows, payloads=encoded, alone=alone)
         return results
 
     def _control(self, flow: Flow) -> FlowControl | None:

@@ -90,12 +90,15 @@ async def insert_runs(
     batch: Sequence[tuple[Run, str | None, str | None]],
     *,
     payloads: Sequence[orjson.Fragment] | None = None,
+    alone: bool = False,
 ) -> None:
     """Write many queued runs: (run, idempotency key, request hash) each; ``payloads``, when
     given, are their payloads already encoded, in the same order (written as they are, not
     encoded a second time). One statement per column set (:meth:`Run.to_row`); on
     PostgreSQL the last one also sends the workers' ``NOTIFY``, so runs of one column set
-    are one statement, atomic on its own (the API's accept runs it in autocommit)."""
+    are one statement, atomic on its own. ``alone``: ``conn`` is in autocommit (the API's
+    accept), so the runs must be one statement: runs of two column sets raise
+    :class:`ValueError` before anything is written."""
     if not batch:
         return
     if payloads is not None and len(payloads) != len(batch):
@@ -106,6 +109,8 @@ async def insert_runs(
         row["idempotency_key"] = key
         row["request_hash"] = digest
         shapes.setdefault(tuple(row), []).append(row)
+    if alone and len(shapes) > 1:  # each statement would commit on its own
+        raise ValueError("runs of more than one column set cannot be written as one statement")
     *first, last = shapes.values()  # one statement per column set
     for rows in first:
         await bulk.insert(conn, runs, rows)

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 from sqlalchemy import event, select
 
+from flowhook.errors import NotFound
 from flowhook.service import Services
 from flowhook.store.db import Database
 from flowhook.store.models import Mode
@@ -23,6 +24,7 @@ from flowhook.store.runs import NOTIFY_CHANNEL
 from flowhook.store.tables import runs
 
 FLOW = {"name": "plain", "steps": [{"id": "a", "type": "transform", "output": {"x": 1}}]}
+PACED = {**FLOW, "name": "paced", "concurrency": {"key": "{{ payload.k }}", "limit": 1}}
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -109,3 +111,60 @@ async def test_an_execute_with_a_key_keeps_its_transaction(
     assert statements and {level for _, level in statements} == {None}
     again = await services.runs.start(who, flow_id=flow.flow_id, payload={}, idempotency_key="k1")
     assert again.replayed and again.run.run_id == first.run.run_id
+
+
+def _writes(statements: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(s, level) for s, level in statements if "INSERT INTO runs" in s]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_a_batch_of_traced_untraced_and_unknown_flows_is_one_write(
+    services: Services, db: Database, statements: list[tuple[str, Any]]
+) -> None:
+    """Runs with and without a trace context are one column set, so one statement; an
+    execute of a flow that does not exist answers 404 and the others are written once."""
+    who = await _who(services)
+    flow = await services.flows.create(who, FLOW)
+    statements.clear()
+    answers = await asyncio.gather(
+        *(
+            services.runs.start(
+                who,
+                flow_id=flow.flow_id if i != 3 else "wf_missing",
+                payload={"n": i},
+                traceparent=TRACEPARENT if i % 2 else None,
+            )
+            for i in range(6)
+        ),
+        return_exceptions=True,
+    )
+    assert isinstance(answers[3], NotFound)
+    assert [level for _, level in _writes(statements)] == ["AUTOCOMMIT"]
+    async with db.read() as conn:
+        stored = (await conn.execute(select(runs.c.run_id))).scalars().all()
+    assert sorted(stored) == sorted(
+        a.run.run_id for a in answers if not isinstance(a, BaseException)
+    )
+    assert len(stored) == 5
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_flow_control_keeps_its_transaction(
+    services: Services, db: Database, statements: list[tuple[str, Any]]
+) -> None:
+    """A batch with a flow under flow control is written in a transaction (its keys and
+    locks need one), with the flows read once."""
+    who = await _who(services)
+    plain = await services.flows.create(who, FLOW)
+    paced = await services.flows.create(who, PACED)
+    statements.clear()
+    await asyncio.gather(
+        services.runs.start(who, flow_id=plain.flow_id, payload={}),
+        services.runs.start(who, flow_id=paced.flow_id, payload={"k": "a"}),
+    )
+    writes = _writes(statements)  # one per column set: the paced run has columns of its own
+    assert len(writes) == 2 and {level for _, level in writes} == {None}
+    flow_reads = [s for s, _ in statements if s.lstrip().startswith("SELECT") and "FROM flows" in s]
+    assert len(flow_reads) == 2, flow_reads  # each flow once, not again in the transaction
