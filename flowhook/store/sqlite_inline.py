@@ -13,7 +13,7 @@ What it must never do is block the loop on a lock: another process (the engine p
 serve`` on the same file; the CLI) may hold the write lock. So the connection's busy timeout
 is zero and a ``SQLITE_BUSY`` answer is retried after an asynchronous sleep, up to
 ``busy_timeout`` seconds in all, which is what SQLite's own busy handler would have done on a
-thread, with waits kept short (:data:`BUSY_BASE`, :data:`BUSY_CAP`). In WAL mode only
+thread, with waits kept short (:data:`BUSY_WAIT`). In WAL mode only
 ``BEGIN IMMEDIATE`` and a commit's checkpoint can meet such a lock; reads never wait for
 writers.
 
@@ -45,8 +45,6 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
     SQLiteDialect_aiosqlite,
 )
 
-from flowhook.backoff import backoff
-
 if TYPE_CHECKING:
     from sqlalchemy.connectors.asyncio import AsyncIODBAPIConnection
 
@@ -66,15 +64,17 @@ T = TypeVar("T")
 
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
-BUSY_BASE = 0.001
-BUSY_CAP = 0.004
-"""Seconds between tries of a statement that met another process's lock: the first wait,
-and the most any wait grows to. ``flowhook serve`` on SQLite is two processes that both
-write (the API accepts runs, the engine records their progress), each holding the lock for
-a transaction of a millisecond or two; a waiter that backed off to tens of milliseconds
-would lose the lock to the other side over and over (the p99 of accept grew with it), while
-a try costs a few microseconds. One millisecond is the event loop's timer resolution
-(libuv's), so shorter waits would spin."""
+BUSY_WAIT = 0.001
+"""Seconds between tries of a statement that met another process's lock. ``flowhook serve``
+on SQLite is two processes that both write (the API accepts runs, the engine records their
+progress), each holding the lock for a transaction of a millisecond or two, and a try costs a
+few microseconds. So the waiter tries again every millisecond, the event loop's timer
+resolution (libuv's; shorter waits would spin), and does not back off: with waits that grew
+from 1 to 4 ms, the API process of ``serve`` spent a third of an accept load asleep past the
+engine's commits (3.7 s of 10 s, 1,594 waits), and accepted 4,984 runs/s at c64 against 6,800
+with waits of 1 ms (2.5 s asleep, 2,502 waits; bench/README.md, "Lock waits of one
+millisecond"). Backed off to tens of milliseconds, a waiter lost the lock to the other side
+over and over. A lock held long (``flowhook vacuum``, the CLI) costs a try a millisecond."""
 
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -173,7 +173,6 @@ class InlineConnection:
 
     async def _call(self, function: Callable[..., T], *args: Any) -> T:
         deadline: float | None = None
-        tries = 0
         while True:
             try:
                 return function(*args)
@@ -185,8 +184,7 @@ class InlineConnection:
                     deadline = now + self._busy_timeout
                 if now >= deadline:
                     raise
-                tries += 1
-                pause = min(backoff(tries, BUSY_BASE, BUSY_CAP), deadline - now)
+                pause = min(BUSY_WAIT, deadline - now)
                 lock_waits.count += 1
                 lock_waits.seconds += pause
                 await asyncio.sleep(pause)

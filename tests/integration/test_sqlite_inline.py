@@ -14,6 +14,7 @@ import pytest
 from flowhook.errors import StoreUnavailable
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
+from flowhook.store.sqlite_inline import BUSY_WAIT, lock_waits
 from flowhook.store.tables import workspaces
 
 
@@ -54,6 +55,7 @@ async def test_a_foreign_write_lock_is_waited_for_while_the_loop_runs(tmp_path: 
 
     beat = asyncio.create_task(ticker())
     loop = asyncio.get_running_loop()
+    count, seconds = lock_waits.count, lock_waits.seconds
     started = loop.time()
     await _insert_workspace(db, "after-the-lock")
     waited = loop.time() - started
@@ -61,6 +63,11 @@ async def test_a_foreign_write_lock_is_waited_for_while_the_loop_runs(tmp_path: 
     holder.join()
     assert waited >= 0.2  # it did wait for the lock...
     assert ticks >= 10  # ...and the loop kept running meanwhile (~40 ticks of 10 ms)
+    # ...trying again every millisecond, not backing off (a waiter that slept past the other
+    # process's commit left its writer idle: a third of serve's accept load, see BUSY_WAIT)
+    tries = lock_waits.count - count
+    assert tries >= 2
+    assert lock_waits.seconds - seconds == pytest.approx(tries * BUSY_WAIT)
     async with db.read() as conn:
         names = [r.name for r in await conn.execute(workspaces.select())]
     assert "after-the-lock" in names
