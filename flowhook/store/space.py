@@ -14,7 +14,6 @@ PostgreSQL gives space back to its own free space map (autovacuum), not to the f
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.backoff import backoff
 from flowhook.store import sqlite_inline
 from flowhook.store.db import Database
 
@@ -102,7 +100,7 @@ async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) ->
         # commits what is pending first, so it carries its own transaction; the writer
         # connection is ours meanwhile (no SQLAlchemy transaction is open on it).
         script = f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({max(1, int(pages))}); COMMIT;"
-        deadline, tries = time.monotonic() + busy_timeout, 0
+        deadline = time.monotonic() + busy_timeout
         while True:
             began = time.perf_counter()
             try:
@@ -114,8 +112,9 @@ async def free_pages(db: Database, pages: int, *, busy_timeout: float = 10.0) ->
                     raw.execute("ROLLBACK")
                 if not sqlite_inline.is_busy(exc) or time.monotonic() >= deadline:
                     raise
-                tries += 1  # another process holds the write lock: wait without blocking
-                await asyncio.sleep(backoff(tries, 0.0005, 0.05))
+                # another process holds the write lock: wait as every statement does, not
+                # backing off (this holds the process's one writer connection meanwhile)
+                await sqlite_inline.wait_for_lock(deadline)
         return Freed(int(raw.execute("PRAGMA freelist_count").fetchone()[0]), held)
 
 

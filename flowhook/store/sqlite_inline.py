@@ -54,6 +54,7 @@ __all__ = [
     "SQLiteDialect_inline",
     "engine_url",
     "is_busy",
+    "wait_for_lock",
     "open_connection",
 ]
 
@@ -67,14 +68,14 @@ _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 BUSY_WAIT = 0.001
 """Seconds between tries of a statement that met another process's lock. ``flowhook serve``
 on SQLite is two processes that both write (the API accepts runs, the engine records their
-progress), each holding the lock for a transaction of a millisecond or two, and a try costs a
-few microseconds. So the waiter tries again every millisecond, the event loop's timer
-resolution (libuv's; shorter waits would spin), and does not back off: with waits that grew
-from 1 to 4 ms, the API process of ``serve`` spent a third of an accept load asleep past the
-engine's commits (3.7 s of 10 s, 1,594 waits), and accepted 4,984 runs/s at c64 against 6,800
-with waits of 1 ms (2.5 s asleep, 2,502 waits; bench/README.md, "Lock waits of one
-millisecond"). Backed off to tens of milliseconds, a waiter lost the lock to the other side
-over and over. A lock held long (``flowhook vacuum``, the CLI) costs a try a millisecond."""
+progress), each holding the lock for a millisecond or two, and a try costs a few
+microseconds. So the waiter tries again every millisecond, the event loop's timer resolution
+(libuv's; shorter waits would spin), and does not back off: with waits that grew from 1 to
+4 ms, the API process of ``serve`` spent a third of an accept load asleep past the engine's
+commits (bench/README.md, "Accepting in two round trips on PostgreSQL, lock waits of one
+millisecond on SQLite"). Backed off to tens of milliseconds, a waiter lost the lock to the
+other side over and over. A lock held long (``flowhook vacuum``) costs a try a
+millisecond."""
 
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -98,6 +99,15 @@ class LockWaits:
 
 
 lock_waits = LockWaits()
+
+
+async def wait_for_lock(deadline: float) -> None:
+    """One wait of a statement that met another process's write lock: :data:`BUSY_WAIT`, or
+    less to end by ``deadline`` (``time.monotonic()``), counted in :data:`lock_waits`."""
+    pause = min(BUSY_WAIT, deadline - time.monotonic())
+    lock_waits.count += 1
+    lock_waits.seconds += pause
+    await asyncio.sleep(pause)
 
 
 class InlineCursor:
@@ -184,10 +194,7 @@ class InlineConnection:
                     deadline = now + self._busy_timeout
                 if now >= deadline:
                     raise
-                pause = min(BUSY_WAIT, deadline - now)
-                lock_waits.count += 1
-                lock_waits.seconds += pause
-                await asyncio.sleep(pause)
+                await wait_for_lock(deadline)
 
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` (a call on :attr:`raw`), tried again after an asynchronous
