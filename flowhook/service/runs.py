@@ -43,6 +43,7 @@ from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Flow, Run, RunStatus
+from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
@@ -54,9 +55,9 @@ IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_WAIT = 60.0
 LONG_POLL_INTERVAL = 0.1
 MAX_IDEMPOTENCY_KEY = 255
-STATISTICS_AFTER = 100
-"""Runs a process accepts before it makes sure PostgreSQL has statistics of ``runs``."""
 PLANNED_TABLES = ("runs",)
+"""Tables whose statistics PostgreSQL plans the accept path with: gathered as the runs this
+process accepts grow (see :class:`StatisticsKeeper`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +132,8 @@ class RunService:
         self._group: GroupCommit[_StartRequest, Started] = GroupCommit(
             self._commit_starts, isolate=_worth_retrying_alone
         )
-        self._accepted = 0
-        self._statistics: asyncio.Task[None] | None = None
+        self.statistics = StatisticsKeeper(db, PLANNED_TABLES)
+        """Counts the runs this process accepts, for the statistics of ``runs``."""
         self._controls: dict[tuple[str, int], FlowControl | None] = {}
         """Flow control of flow versions met (a version never changes)."""
 
@@ -179,17 +180,8 @@ class RunService:
             )
         )
         if not started.replayed:
-            self._accepted += 1
-            if self._accepted == STATISTICS_AFTER:
-                self._statistics = asyncio.create_task(self._gather_statistics())
+            self.statistics.wrote(1)
         return started
-
-    async def _gather_statistics(self) -> None:
-        """Once the runs table holds rows, have PostgreSQL plan with statistics of it
-        (:meth:`Database.gather_statistics`); tried again after the next batch of accepts
-        when the database cannot be reached."""
-        if await self._db.gather_statistics(PLANNED_TABLES) is None:
-            self._accepted = 0
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         flows: dict[tuple[str, str, str], Flow | None] = {}

@@ -224,10 +224,14 @@ class Database:
             await conn.execute(text("SELECT 1"))
 
     async def gather_statistics(self, tables: tuple[str, ...]) -> list[str] | None:
-        """PostgreSQL: ANALYZE each of ``tables`` that has no column statistics yet (call it
-        once they hold rows); the names of those analyzed, or None when the database cannot
-        be reached (try again later). Nothing on SQLite. Never raises: planning without
-        statistics is slower, not wrong, so any other failure is logged and gives ``[]``.
+        """PostgreSQL: ANALYZE each of ``tables`` that has no column statistics yet, or whose
+        rows changed since its last analyze by more than autovacuum's analyze threshold
+        (``autovacuum_analyze_threshold`` + ``autovacuum_analyze_scale_factor`` × its rows:
+        what autovacuum would analyze on its next pass); the names of those analyzed, or
+        None when the database cannot be reached (try again later). Nothing on SQLite.
+        Never raises: planning with old statistics is slower, not wrong, so any other
+        failure is logged and gives ``[]``. A process's writes call it as they grow
+        (:mod:`flowhook.store.statistics`).
 
         A new database has none until autovacuum's first pass (a minute or more, and an
         immediate restart resets the counters it goes by). Without them the planner cannot
@@ -242,8 +246,7 @@ class Database:
         try:
             async with _translated(), self.writer.connect() as conn:
                 for table in tables:
-                    lacking = await conn.scalar(_LACKS_STATISTICS, {"table": table})
-                    if lacking:
+                    if await conn.scalar(_NEEDS_STATISTICS, {"table": table}):
                         await conn.execute(text(f'ANALYZE "{table}"'))
                         done.append(table)
                 await conn.commit()
@@ -260,11 +263,17 @@ class Database:
             await self.reader.dispose()
 
 
-_LACKS_STATISTICS = text(
+_NEEDS_STATISTICS = text(
     "SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats"
     " WHERE schemaname = current_schema() AND tablename = :table)"
+    " OR coalesce((SELECT s.n_mod_since_analyze"
+    " > current_setting('autovacuum_analyze_threshold')::float8"
+    " + current_setting('autovacuum_analyze_scale_factor')::float8 * greatest(c.reltuples, 0)"
+    " FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid"
+    " WHERE s.schemaname = current_schema() AND s.relname = :table), false)"
 )
-"""True for a table PostgreSQL has no column statistics of (never analyzed, or empty)."""
+"""True for a table PostgreSQL has no column statistics of (never analyzed, or empty), or
+whose statistics autovacuum would gather again (a table's own autovacuum settings aside)."""
 
 _GONE = (
     OSError,

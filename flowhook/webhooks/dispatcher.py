@@ -38,6 +38,7 @@ from flowhook.group_commit import GroupCommit
 from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.models import Attempt, DeliveryStatus
+from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 from flowhook.webhooks import metrics
 from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
@@ -51,9 +52,9 @@ HOLD = 4
 """Deliveries held per request slot (see the module's docstring)."""
 CLAIM_BATCH = 64
 """At most this many deliveries per claim: the per-endpoint ranking sorts twice as many."""
-STATISTICS_AFTER = 100
-"""Deliveries a process claims before it makes sure PostgreSQL has statistics of them."""
-PLANNED_TABLES = ("deliveries",)
+PLANNED_TABLES = ("deliveries", "delivery_attempts")
+"""Tables whose statistics PostgreSQL plans the claims and completions with: gathered as the
+deliveries this process holds grow (see :class:`StatisticsKeeper`)."""
 LATE = 0.05
 """Seconds a rate-limited delivery may wake after its slot and still take it: past that it
 reserves a new slot (see ``Dispatcher._paced``). Unless a process keeps stalling, any
@@ -111,10 +112,8 @@ class Dispatcher(Consumer):
         """When the lease of each held delivery ends."""
         self._handing: list[store.Handoff] = []
         """Hand-offs whose transaction is open: what they took counts as held."""
-        self._claimed = 0
-        """Deliveries this process has claimed (it counts to :data:`STATISTICS_AFTER`)."""
-        self._statistics: asyncio.Task[None] | None = None
-        """The task that gathers the statistics of :data:`PLANNED_TABLES`, once started."""
+        self.statistics = StatisticsKeeper(db, PLANNED_TABLES)
+        """Counts the deliveries this process holds, for the statistics of their tables."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
             self._commit_completions,
             max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
@@ -129,8 +128,7 @@ class Dispatcher(Consumer):
         """Stop writing completions: one not committed yet is dropped (as if the process
         had died), and its delivery is tried again when its lease ends."""
         await self._completions.cancel()
-        if self._statistics is not None and not self._statistics.done():
-            self._statistics.cancel()  # an ANALYZE that can wait for the next start
+        self.statistics.cancel()
         if self.client is not None:
             await self.client.close()
             self.client = None
@@ -155,19 +153,7 @@ class Dispatcher(Consumer):
             )
         for due in claimed:
             self._hold(due, now + self.lease)
-        if self._claimed < STATISTICS_AFTER <= self._claimed + len(claimed):
-            self._statistics = asyncio.create_task(self._gather_statistics())
-        self._claimed += len(claimed)
         return len(claimed)
-
-    async def _gather_statistics(self) -> None:
-        """Once this process has claimed a backlog, have PostgreSQL plan the claims with
-        statistics of ``deliveries`` (:meth:`Database.gather_statistics`): without them it
-        read every due delivery's row for each claim's guard instead of the claimed ones by
-        their key. Tried again after the next batch of claims when the database cannot be
-        reached."""
-        if await self.db.gather_statistics(PLANNED_TABLES) is None:
-            self._claimed = 0
 
     def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
         """Start the attempt of a delivery this process has claimed."""
@@ -179,6 +165,9 @@ class Dispatcher(Consumer):
             self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
         self._leases[due.id] = lease_end
         self._inflight[due.id] = asyncio.create_task(self._deliver(due))
+        # Without statistics of a backlog PostgreSQL read every due delivery's row for each
+        # claim's guard, and with a small table's, all of them for each completion.
+        self.statistics.wrote(1)
 
     # -- deliveries handed over by the engine of this process ----------------------------
 

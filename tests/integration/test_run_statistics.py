@@ -23,11 +23,11 @@ from flowhook.config import Settings
 from flowhook.events import make_event
 from flowhook.ids import pack_id
 from flowhook.service import Services
-from flowhook.service.runs import STATISTICS_AFTER
 from flowhook.store import events as events_store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
+from flowhook.store.statistics import FIRST_AFTER, StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 from flowhook.webhooks import dispatcher as dispatching
 from tests.conftest import Receiver
@@ -110,13 +110,13 @@ async def test_accepting_runs_gathers_the_statistics_the_idempotency_lookup_need
         )
         assert not await _has_statistics(conn)
 
-        for i in range(STATISTICS_AFTER):
+        for i in range(FIRST_AFTER):
             await services.runs.start(
                 who, flow_id=flow.flow_id, payload={"x": i}, idempotency_key=f"key-{i}"
             )
-        gathering = getattr(services.runs, "_statistics", None)
-        if gathering is not None:
-            await asyncio.wait_for(gathering, 30)
+        gathering = services.runs.statistics.task
+        assert gathering is not None
+        await asyncio.wait_for(gathering, 30)
 
         assert await _has_statistics(conn)
         plan = await _lookup_plan(conn, who.workspace_id)
@@ -164,17 +164,128 @@ async def test_claiming_a_delivery_backlog_gathers_the_statistics_the_claim_need
         for _ in range(20):  # a bound: 64 a claim, so two or three claims
             claimed += await d.run_once()
             await d.drain()
-            if claimed >= dispatching.STATISTICS_AFTER:
+            if claimed >= FIRST_AFTER:
                 break
-        assert claimed >= dispatching.STATISTICS_AFTER
-        assert d._statistics is not None
-        await asyncio.wait_for(d._statistics, 30)
+        assert claimed >= FIRST_AFTER
+        assert d.statistics.task is not None
+        await asyncio.wait_for(d.statistics.task, 30)
 
         assert await _has_statistics(conn, "deliveries")
-        assert await db.gather_statistics(dispatching.PLANNED_TABLES) == []  # once is enough
     finally:
         await d.stop()
         await conn.close()
+        await db.dispose()
+
+
+COMPLETION_READ = "SELECT id FROM deliveries WHERE id = ANY($1::bytea[]) AND status = 'pending'"
+"""What a delivery completion reads: a few deliveries by their key."""
+
+
+async def _generic_plan(conn: Any, query: str, *args: Any) -> str:
+    async with conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        rows = await conn.fetch(f"EXPLAIN {query}", *args)
+    return "\n".join(r[0] for r in rows)
+
+
+async def _queue(db: Database, who: Any, first: int, count: int) -> None:
+    """``count`` events, a delivery each to every endpoint."""
+    async with db.transaction() as tx:
+        await events_store.insert_events(
+            tx,
+            [
+                make_event(
+                    "flow.completed", workspace_id=who.workspace_id, mode=who.mode,
+                    flow_id="wf_x", run_id=f"run_{i}", payload={"i": i}, now=SystemClock().now(),
+                )
+                for i in range(first, first + count)
+            ],
+        )  # fmt: skip
+
+
+async def _changes_counted(conn: Any, table: str, at_least: int) -> None:
+    """Wait until PostgreSQL's activity statistics show ``at_least`` changed rows of
+    ``table`` since its last analyze (a backend reports its counts about a second late)."""
+    query = "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = $1"
+    for _ in range(300):
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        if (await conn.fetchval(query, table) or 0) >= at_least:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{table}: fewer than {at_least} changes counted after 30 s")
+
+
+@pytest.mark.postgres
+async def test_statistics_are_gathered_again_once_a_table_outgrows_them(
+    fresh_pg: str, receiver: Receiver
+) -> None:
+    """A generic plan made while ``deliveries`` was small read the whole table for every
+    completion once it had grown (issue 18): statistics gathered again make the plan new."""
+    db = Database(fresh_pg, secret_key=TEST_SECRET_KEY)
+    settings = Settings(
+        database_url=fresh_pg, secret_key=TEST_SECRET_KEY, allow_private_targets=True
+    )
+    services = Services(db, SystemClock(), settings, Wakeup())
+    conn = await asyncpg.connect(fresh_pg)
+    try:
+        created = await services.keys.create(Mode.TEST, "ws")
+        who = await services.keys.authenticate(f"Bearer {created.key}")
+        for n in range(4):
+            await services.webhooks.create_endpoint(
+                who, url=f"{receiver.url}/{n}", events=["flow.completed"]
+            )
+        await _queue(db, who, 0, 25)
+        assert await db.gather_statistics(("deliveries",)) == ["deliveries"]
+        some = [pack_id(f"dlv_{i}") for i in range(8)]
+        assert "Seq Scan" in await _generic_plan(conn, COMPLETION_READ, some)
+
+        await _queue(db, who, 25, 1500)
+        await _changes_counted(conn, "deliveries", 6000)
+        assert await db.gather_statistics(("deliveries",)) == ["deliveries"]
+        assert await db.gather_statistics(("deliveries",)) == []  # fresh: left alone
+        assert "Index Scan using pk_deliveries" in await _generic_plan(conn, COMPLETION_READ, some)
+    finally:
+        await conn.close()
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_keeper_looks_at_a_hundred_rows_written_then_at_each_tenfold(
+    fresh_pg: str,
+) -> None:
+    db = Database(fresh_pg, secret_key=TEST_SECRET_KEY)
+    keeper = StatisticsKeeper(db, ("runs",))
+    try:
+        keeper.wrote(FIRST_AFTER - 1)
+        assert keeper.task is None
+        keeper.wrote(1)
+        first = keeper.task
+        assert first is not None
+        await asyncio.wait_for(first, 30)
+        keeper.wrote(10 * FIRST_AFTER - FIRST_AFTER - 1)
+        assert keeper.task is first
+        keeper.wrote(1)
+        assert keeper.task is not first and keeper.task is not None
+        await asyncio.wait_for(keeper.task, 30)
+        second = keeper.task
+        keeper.wrote(1000 * FIRST_AFTER)  # past two thresholds at once: one look
+        assert keeper.task is not second and keeper.task is not None
+        third = keeper.task
+        keeper.wrote(1)  # the next threshold is now 10,000 × FIRST_AFTER
+        assert keeper.task is third
+        await asyncio.wait_for(third, 30)
+    finally:
+        keeper.cancel()
+        await db.dispose()
+
+
+async def test_a_keeper_does_nothing_on_sqlite(tmp_path: Any) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'f.db'}")
+    keeper = StatisticsKeeper(db, ("runs",))
+    try:
+        keeper.wrote(100 * FIRST_AFTER)
+        assert keeper.task is None
+    finally:
         await db.dispose()
 
 
