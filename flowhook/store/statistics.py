@@ -11,13 +11,11 @@ on; :class:`StatisticsKeeper` asks for it at once."""
 from __future__ import annotations
 
 import asyncio
-import logging
+import math
 
 from flowhook.store.db import Database
 
 __all__ = ["FIRST_AFTER", "StatisticsKeeper"]
-
-log = logging.getLogger("flowhook.store")
 
 FIRST_AFTER = 100
 """Rows a process writes before it first makes sure the tables have statistics; it looks
@@ -35,14 +33,14 @@ class StatisticsKeeper:
         self._db = db
         self.tables = tables
         self._written = 0
-        self._next = FIRST_AFTER
+        self._next: float = math.inf if db.is_sqlite else FIRST_AFTER
         self.task: asyncio.Task[None] | None = None
         """The last gathering started (for tests and for :meth:`cancel`)."""
 
     def wrote(self, rows: int) -> None:
         """``rows`` more rows were written to the tables."""
         self._written += rows
-        if self._written < self._next or self._db.is_sqlite:
+        if self._written < self._next:
             return
         self._next = _tenfold_past(self._written)
         if self.task is None or self.task.done():

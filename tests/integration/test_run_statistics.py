@@ -208,7 +208,9 @@ async def _queue(db: Database, who: Any, first: int, count: int) -> None:
 
 async def _changes_counted(conn: Any, table: str, at_least: int) -> None:
     """Wait until PostgreSQL's activity statistics show ``at_least`` changed rows of
-    ``table`` since its last analyze (a backend reports its counts about a second late)."""
+        ``table`` since its last analyze. A PostgreSQL 15 backend that reported its counts less
+    than a second ago reports new ones at its next statement a second later, or after 10 s
+    idle, so they can show up to 10 s late."""
     query = "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = $1"
     for _ in range(300):
         await conn.execute("SELECT pg_stat_clear_snapshot()")
