@@ -215,32 +215,56 @@ class Subscriber:
 async def subscribers(
     conn: AsyncConnection, workspace_id: str, mode: Mode, event_types: Sequence[str]
 ) -> list[Subscriber]:
-    """Every enabled endpoint that chose one of the types, once per type it chose."""
-    params = {"workspace_id": workspace_id, "mode": str(mode), "events": sorted(set(event_types))}
+    """Every enabled endpoint that chose one of the types, once per type it chose.
+
+    With a :class:`Handoff` in the transaction that has not looked at the queue yet, the
+    same query asks whether a due delivery waits there (:meth:`Handoff.saw_queue`): the
+    progress transaction then reaches its deliveries in one round trip fewer."""
+    params: dict[str, Any] = {
+        "workspace_id": workspace_id,
+        "mode": str(mode),
+        "events": sorted(set(event_types)),
+    }
+    tx = conn.info.get("tx")
+    handoff: Handoff | None = tx.get(HANDOFF) if tx is not None else None
+    looks = handoff is not None and not handoff.looked and not handoff.full
+    if looks:
+        assert handoff is not None
+        params["now"] = handoff.now = handoff.now or handoff.clock()
+    stmt = _subscribers_statement(looks)
     inline = bulk.inline_sqlite(conn)
     if inline is not None:  # in every transaction that writes events: straight to sqlite3
-        return [
+        rows = await bulk.run_raw(inline, stmt, params)
+        found = [
             Subscriber(ep, event, None if flows is None else orjson.loads(flows), order == FIFO)
-            for ep, event, flows, order in await bulk.run_raw(
-                inline, _subscribers_statement(), params
-            )
+            for ep, event, flows, order, *_ in rows
         ]
-    return [
-        Subscriber(ep, event, flows, order == FIFO)
-        for ep, event, flows, order in await bulk.run_pg(conn, _subscribers_statement(), params)
-    ]
+    else:
+        rows = await bulk.run_pg(conn, stmt, params)
+        found = [
+            Subscriber(ep, event, flows, order == FIFO) for ep, event, flows, order, *_ in rows
+        ]
+    if looks and rows:  # no rows: nothing to deliver, and the queue was not read
+        assert handoff is not None
+        handoff.saw_queue(bool(rows[0][4]))
+    return found
 
 
 @cache
-def _subscribers_statement() -> Any:
-    """:func:`subscribers`' query, built once: its values are bound parameters."""
+def _subscribers_statement(with_queue: bool) -> Any:
+    """:func:`subscribers`' query, built once: its values are bound parameters. With
+    ``with_queue``, a fifth column says whether a delivery is due at ``now`` (the
+    statement of :func:`_waiting`, evaluated once for the query)."""
+    columns: list[Any] = [
+        endpoint_events.c.endpoint_id,
+        endpoint_events.c.event,
+        _EP.filter_flow_ids,
+        _EP.ordering,
+    ]
+    if with_queue:
+        columns.append(_waiting_statement().exists().label("waiting"))
     return (
-        select(
-            endpoint_events.c.endpoint_id,
-            endpoint_events.c.event,
-            _EP.filter_flow_ids,
-            _EP.ordering,
-        )
+        select(*columns)
         .join(webhook_endpoints, _EP.id == endpoint_events.c.endpoint_id)
         .where(
             _EP.workspace_id == bindparam("workspace_id", type_=_EP.workspace_id.type),
@@ -289,6 +313,8 @@ class Handoff:
     taken: Counter[str] = field(default_factory=Counter)
     full: bool = False
     """Something went to the queue in this transaction: the rest go behind it."""
+    looked: bool = False
+    """The transaction has looked whether a due delivery waits in the queue."""
 
     def reset(self) -> None:
         """Forget what an earlier try of the transaction took (it rolled back)."""
@@ -296,6 +322,14 @@ class Handoff:
         self.claimed = []
         self.taken = Counter()
         self.full = False
+        self.looked = False
+
+    def saw_queue(self, waiting: bool) -> None:
+        """The transaction looked at the queue (at :attr:`now`): a due delivery waits
+        there, or none does."""
+        self.looked = True
+        if waiting:
+            self.full = True
 
     def takes(self, endpoint_id: str) -> bool:
         if self.full or not self.room(endpoint_id):
@@ -324,8 +358,8 @@ async def insert_deliveries(
     now: datetime | None = None
     if handoff is not None:
         now = handoff.now = handoff.now or handoff.clock()
-        if not handoff.full and await _waiting(conn, now):
-            handoff.full = True
+        if not handoff.full and not handoff.looked:
+            handoff.saw_queue(await _waiting(conn, now))
         ordered = set(fifo)
         until = now + handoff.lease
         for d, row in zip(queued, rows, strict=True):

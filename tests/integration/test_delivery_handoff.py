@@ -162,6 +162,37 @@ async def test_nothing_is_taken_while_a_due_delivery_waits_in_the_queue(
     assert len(again.claimed) == 1
 
 
+@pytest.mark.parametrize("waiting", [False, True])
+async def test_the_subscribers_query_looks_at_the_queue_once_per_transaction(
+    services: Services, db: Database, monkeypatch: pytest.MonkeyPatch, waiting: bool
+) -> None:
+    """Whether a due delivery waits is asked in the query that finds the subscribers (one
+    round trip fewer per progress transaction), once per transaction however many batches
+    of events it writes; the statement of its own is left for a transaction that queues
+    without looking them up (a test event)."""
+    clock = FakeClock()
+    who, _ = await setup(services, clock, ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
+    if waiting:
+        await raise_event(db, who, clock)  # two queued, due now, nobody claimed them
+    asked: list[object] = []
+
+    async def counted(conn: AsyncConnection, now: Any) -> bool:
+        asked.append(now)
+        return False
+
+    monkeypatch.setattr(store, "_waiting", counted)
+    h = handoff(clock, room=10)
+    async with db.transaction() as conn:
+        conn.info["tx"][store.HANDOFF] = h
+        await raise_event_in(conn, who, clock)
+        assert h.looked and h.full is waiting
+        await raise_event_in(conn, who, clock)
+    assert asked == []
+    assert len(h.claimed) == (0 if waiting else 4)
+    queued = [r for r, _ in await rows(db) if r.lease_owner is None]
+    assert len(queued) == (6 if waiting else 0)
+
+
 async def test_a_handed_over_delivery_never_sent_is_claimed_again_after_its_lease(
     services: Services, db: Database, receiver: Receiver
 ) -> None:
