@@ -62,7 +62,10 @@ class Settings(BaseSettings):
     """Disable an endpoint that had nothing but failures for this long (s, m, h or d)."""
     webhook_secret_grace: str = "24h"  # noqa: S105 - a duration, not a secret
     """How long a rotated-out secret still signs (``webhook-signature`` carries both)."""
-    webhook_endpoint_concurrency: int = Field(default=8, ge=1)
+    webhook_endpoint_concurrency: int = Field(default=16, ge=1)
+    """Webhook requests in flight to one endpoint from one process, at most: an endpoint
+    gets them while it answers 2xx within a second; a slow or failing one gets 8 (or this,
+    if lower). See ``webhooks/slots.py``."""
     webhook_retry_throttled: bool = False
     """Retry 408 and 429 answers, honouring Retry-After (off: the spec says 4xx is final)."""
     dispatcher_concurrency: int = Field(default=64, ge=1)

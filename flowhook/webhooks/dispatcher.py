@@ -10,19 +10,22 @@ delivery. The lease is at least three times the request timeout, so two processe
 the same attempt. The claim loop, its idle wait, start, stop and drain are the
 :class:`~flowhook.consumer.Consumer` skeleton's (shared with the engine's worker).
 
-Requests in flight are capped at ``concurrency`` in all and ``per_endpoint`` per endpoint. The
-process holds up to ``HOLD`` times as many deliveries (claimed, waiting for a request slot, or
+Requests in flight are capped at ``concurrency`` in all and per endpoint by its
+:class:`~flowhook.webhooks.slots.EndpointSlots`: up to ``per_endpoint`` while it answers 2xx
+fast, 8 (``slots.SLOW``) while it is slow or failing. The process holds up to ``HOLD``
+times as many deliveries as an endpoint's slots (claimed, waiting for a request slot, or
 waiting for their completion to commit), so an endpoint's next deliveries are at hand the
 moment a response comes in, instead of after a commit and a claim (which held one endpoint
-to ~600 deliveries/s at 8 in flight). A claim takes at most ``HOLD * per_endpoint`` of one
-endpoint and none of an endpoint already holding that many: a dead endpoint ties up at most
-``per_endpoint`` request slots and never holds back the others.
+to ~600 deliveries/s at 8 in flight). A claim takes at most ``HOLD`` times the slots of a
+slow endpoint of one endpoint, and none of an endpoint already holding its share: a slow or
+dead endpoint ties up at most 8 request slots and never holds back the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -43,6 +46,7 @@ from flowhook.store.wakeup import Wakeup
 from flowhook.webhooks import metrics
 from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
 from flowhook.webhooks.sender import Result, WebhookClient, build_headers, send
+from flowhook.webhooks.slots import SLOW, EndpointSlots
 
 __all__ = ["Dispatcher"]
 
@@ -81,7 +85,7 @@ class Dispatcher(Consumer):
         *,
         owner: str,
         concurrency: int = 64,
-        per_endpoint: int = 8,
+        per_endpoint: int = 16,
         timeout: float = 10.0,
         schedule: Sequence[float] = DEFAULT_SCHEDULE,
         max_attempts: int = 4,
@@ -93,6 +97,9 @@ class Dispatcher(Consumer):
         super().__init__(db, clock, wakeup, owner, capacity=HOLD * concurrency, poll=poll_interval)
         self.concurrency = concurrency
         self.per_endpoint = per_endpoint
+        """Requests in flight to one endpoint at most (while it answers fast)."""
+        self.slow_slots = min(SLOW, per_endpoint)
+        """Requests in flight to an endpoint that is slow or failing, and to start with."""
         self.timeout = timeout
         self.schedule = tuple(schedule)
         self.max_attempts = max_attempts
@@ -104,13 +111,17 @@ class Dispatcher(Consumer):
         """The HTTP client of the attempts, from :meth:`open` until the dispatcher stops."""
         self._per_endpoint: Counter[str] = Counter()
         """Deliveries this process holds per endpoint (claimed and not yet completed)."""
-        self._sending: dict[str, asyncio.Semaphore] = {}
-        """Per endpoint: at most ``per_endpoint`` requests in flight."""
+        self._sending: dict[str, EndpointSlots] = {}
+        """Per endpoint held: its request slots, ``slow_slots`` up to ``per_endpoint``
+        (see :class:`EndpointSlots`)."""
         self._send_slots = asyncio.Semaphore(concurrency)
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
         self._handing: list[store.Handoff] = []
+        self._passed_over: set[str] = set()
+        """Endpoints the claim loop last passed over, at their share: one that gets room
+        wakes it."""
         """Hand-offs whose transaction is open: what they took counts as held."""
         self.statistics = StatisticsKeeper(db, PLANNED_TABLES)
         """Counts the deliveries this process holds, for the statistics of their tables."""
@@ -148,7 +159,7 @@ class Dispatcher(Consumer):
                 now=now,
                 lease_until=now + self.lease,
                 limit=limit,
-                per_endpoint=HOLD * self.per_endpoint,
+                per_endpoint=HOLD * self.slow_slots,
                 busy_endpoints=self._endpoints_at_cap(),
             )
         for due in claimed:
@@ -162,7 +173,7 @@ class Dispatcher(Consumer):
             return
         self._per_endpoint[due.endpoint_id] += 1
         if due.endpoint_id not in self._sending:
-            self._sending[due.endpoint_id] = asyncio.Semaphore(self.per_endpoint)
+            self._sending[due.endpoint_id] = EndpointSlots(self.slow_slots, self.per_endpoint)
         self._leases[due.id] = lease_end
         self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         # Without statistics of a backlog PostgreSQL read every due delivery's row for each
@@ -185,8 +196,8 @@ class Dispatcher(Consumer):
 
     def _room(self, endpoint_id: str) -> bool:
         """Whether one more delivery to ``endpoint_id`` fits in what this process holds."""
-        return (
-            self._held() < self._capacity and self._held_of(endpoint_id) < HOLD * self.per_endpoint
+        return self._held() < self._capacity and self._held_of(endpoint_id) < self._share(
+            endpoint_id
         )
 
     def _held(self) -> int:
@@ -195,6 +206,12 @@ class Dispatcher(Consumer):
 
     def _held_of(self, endpoint_id: str) -> int:
         return self._per_endpoint[endpoint_id] + sum(h.taken[endpoint_id] for h in self._handing)
+
+    def _share(self, endpoint_id: str) -> int:
+        """The deliveries this process holds of one endpoint at most: ``HOLD`` per request
+        slot it has now."""
+        slots = self._sending.get(endpoint_id)
+        return HOLD * (self.slow_slots if slots is None else slots.limit)
 
     def adopt(self, handoff: store.Handoff) -> None:
         """Start the deliveries ``handoff`` took, now that their transaction has committed.
@@ -222,10 +239,12 @@ class Dispatcher(Consumer):
         return await store.next_due_delivery(conn, self._endpoints_at_cap())
 
     def _endpoints_at_cap(self) -> list[str]:
-        """Endpoints holding all the deliveries this process takes of one endpoint."""
-        cap = HOLD * self.per_endpoint
+        """Endpoints holding all the deliveries this process takes of one endpoint: the
+        claim loop passes over them (remembered in :attr:`_passed_over`)."""
         endpoints = set(self._per_endpoint).union(*(h.taken for h in self._handing))
-        return sorted(ep for ep in endpoints if self._held_of(ep) >= cap)
+        found = sorted(ep for ep in endpoints if self._held_of(ep) >= self._share(ep))
+        self._passed_over = set(found)
+        return found
 
     async def _deliver(self, due: store.DueDelivery) -> None:
         try:
@@ -238,16 +257,20 @@ class Dispatcher(Consumer):
             self._leases.pop(due.id, None)
             # Claim again only if the last claims may have left due work behind for want of
             # room (a claim after every completion found nothing most of the time, and each
-            # cost a write transaction); new deliveries wake the loop themselves.
-            was_full = (
-                self._held() >= self._capacity
-                or self._held_of(due.endpoint_id) >= HOLD * self.per_endpoint
-            )
+            # cost a write transaction): the process was full, or the loop passed over this
+            # endpoint and it has room now (its share moves with its slots, so "it was at
+            # its cap" is not enough). New deliveries wake the loop themselves.
+            endpoint = due.endpoint_id
+            was_full = self._held() >= self._capacity
             self._inflight.pop(due.id, None)
-            self._per_endpoint[due.endpoint_id] -= 1
-            if self._per_endpoint[due.endpoint_id] <= 0:
-                del self._per_endpoint[due.endpoint_id]
-                self._sending.pop(due.endpoint_id, None)
+            self._per_endpoint[endpoint] -= 1
+            if self._per_endpoint[endpoint] <= 0:
+                del self._per_endpoint[endpoint]
+                if self._sending[endpoint].limit <= self.slow_slots:  # nothing to remember
+                    del self._sending[endpoint]
+            if endpoint in self._passed_over and self._held_of(endpoint) < self._share(endpoint):
+                self._passed_over.discard(endpoint)
+                was_full = True
             if was_full:
                 self.wakeup.notify()
 
@@ -259,7 +282,9 @@ class Dispatcher(Consumer):
         if due.url is None or not due.enabled:
             await self._complete(self._undeliverable(due, number))
             return
-        async with self._sending[due.endpoint_id]:
+        slots = self._sending[due.endpoint_id]
+        async with slots:
+            held_from = time.monotonic()
             if due.rate_limit:  # wait for the send time the endpoint's rate gives it
                 await self._paced(due)
             async with self._send_slots:
@@ -280,6 +305,9 @@ class Dispatcher(Consumer):
                     allow_private=self.allow_private,
                     retry_throttled=self.retry_throttled,
                 )
+            # the slot's whole time, a rate limit's wait included: a paced endpoint gets no
+            # more slots than its rate fills
+            slots.answered(result.delivered, time.monotonic() - held_from)
         finished = self.clock.now()
         if tracing.ENABLED:
             _attempt_span(due, number, trace, span_id, started, finished, result)

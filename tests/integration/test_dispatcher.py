@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from flowhook.clock import FakeClock
@@ -210,3 +211,43 @@ async def test_a_held_delivery_is_sent_once_even_when_its_lease_runs_out_while_i
         await b.stop()
     sent = [r["headers"]["X-Service-Event-Id"] for r in receiver.requests]
     assert len(sent) == 3 and len(set(sent)) == 3  # all three, none twice
+
+
+@pytest.mark.parametrize("status", [200, 500])
+async def test_an_endpoint_gets_more_requests_in_flight_only_while_it_answers_fast(
+    services: Services, db: Database, receiver: Receiver, status: int
+) -> None:
+    """Every fast 2xx gives an endpoint one more request slot, up to ``per_endpoint``; one
+    that fails stays at the slow endpoints' 8 (``slots.SLOW``)."""
+    in_flight = most = 0
+    original = receiver.handle
+
+    async def handle(request: Any) -> Any:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            return await original(request)
+        finally:
+            in_flight -= 1
+
+    receiver.handle = handle  # type: ignore[method-assign]
+    receiver.default = (status, {"ok": status == 200})
+    clock = FakeClock()
+    who, [endpoint] = await setup(services, clock, [receiver.url])
+    await raise_event(db, who, clock, n=120)
+    d = dispatcher(db, clock, per_endpoint=16)
+    await d.open()
+    try:
+        while len(receiver.requests) < 120 and await pump(d):
+            pass
+    finally:
+        await d.stop()
+    assert len(receiver.requests) == 120
+    if status == 200:
+        assert 8 < most <= 16
+        assert d._sending[endpoint].limit == 16  # remembered while it holds nothing
+    else:
+        assert most == 8
+        assert endpoint not in d._sending  # at the floor: nothing to remember
