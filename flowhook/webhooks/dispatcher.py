@@ -119,10 +119,10 @@ class Dispatcher(Consumer):
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
         self._handing: list[store.Handoff] = []
+        """Hand-offs whose transaction is open: what they took counts as held."""
         self._passed_over: set[str] = set()
         """Endpoints the claim loop last passed over, at their share: one that gets room
         wakes it."""
-        """Hand-offs whose transaction is open: what they took counts as held."""
         self.statistics = StatisticsKeeper(db, PLANNED_TABLES)
         """Counts the deliveries this process holds, for the statistics of their tables."""
         self._completions: GroupCommit[store.Completion, None] = GroupCommit(
