@@ -19,9 +19,9 @@ either backend the API and an engine process beside it) and drives it from this 
               runs/s from the first submission until the last webhook arrived; then
               execute → webhook latency p50/p99 at a fixed --e2e-rate for --duration s.
   deliveries  --deliveries deliveries queued beforehand (events fanned out to --endpoints
-              endpoints on the receiver, default settings, so at most 8 requests in flight
-              per endpoint): signed deliveries/s from the first arrival to the last, every
-              attempt logged.
+              endpoints on the receiver, default settings: 8 requests in flight per
+              endpoint to begin with, up to 16 while it answers fast): signed deliveries/s
+              from the first arrival to the last, every attempt logged.
   idle        --idle-runs runs one after another on an idle server: execute → flow.completed
               received, p50 and p99.
 

@@ -227,11 +227,11 @@ async def subscribers(
     }
     tx = conn.info.get("tx")
     handoff: Handoff | None = tx.get(HANDOFF) if tx is not None else None
-    looks = handoff is not None and not handoff.looked and not handoff.full
-    if looks:
-        assert handoff is not None
+    if handoff is not None and (handoff.looked or handoff.full):
+        handoff = None  # it has looked at the queue already, or takes no more
+    if handoff is not None:
         params["now"] = handoff.now = handoff.now or handoff.clock()
-    stmt = _subscribers_statement(looks)
+    stmt = _subscribers_statement(handoff is not None)
     inline = bulk.inline_sqlite(conn)
     if inline is not None:  # in every transaction that writes events: straight to sqlite3
         rows = await bulk.run_raw(inline, stmt, params)
@@ -244,8 +244,7 @@ async def subscribers(
         found = [
             Subscriber(ep, event, flows, order == FIFO) for ep, event, flows, order, *_ in rows
         ]
-    if looks and rows:  # no rows: nothing to deliver, and the queue was not read
-        assert handoff is not None
+    if handoff is not None and rows:  # no rows: nothing to deliver, the queue not read
         handoff.saw_queue(bool(rows[0][4]))
     return found
 

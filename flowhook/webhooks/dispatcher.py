@@ -66,6 +66,10 @@ second then holds at most about ``rate_limit * (1 + LATE) + 1`` sends, and ordin
 jitter never costs a slot."""
 REPACE = 2
 """How many new slots a rate-limited delivery that keeps waking late reserves before it goes."""
+REMEMBER = timedelta(minutes=5)
+"""How long an endpoint's slots above the floor are remembered while this process holds none
+of its deliveries: past that it starts again at the floor, as a new one does (and a deleted
+endpoint's are dropped)."""
 COMPLETION_GATHER = 0.005
 """Seconds the completion writer waits before each transaction, gathering completions. The
 webhook has been sent by then; this only delays freeing its slot, and it turned ~one write
@@ -113,7 +117,10 @@ class Dispatcher(Consumer):
         """Deliveries this process holds per endpoint (claimed and not yet completed)."""
         self._sending: dict[str, EndpointSlots] = {}
         """Per endpoint held: its request slots, ``slow_slots`` up to ``per_endpoint``
-        (see :class:`EndpointSlots`)."""
+        (see :class:`EndpointSlots`); and per endpoint resting, its slots above the floor."""
+        self._resting: dict[str, datetime] = {}
+        """Endpoints whose slots are remembered while nothing of theirs is held: when they
+        are forgotten (``REMEMBER`` after they went quiet), soonest first."""
         self._send_slots = asyncio.Semaphore(concurrency)
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
@@ -174,6 +181,8 @@ class Dispatcher(Consumer):
         self._per_endpoint[due.endpoint_id] += 1
         if due.endpoint_id not in self._sending:
             self._sending[due.endpoint_id] = EndpointSlots(self.slow_slots, self.per_endpoint)
+        elif self._resting:
+            self._resting.pop(due.endpoint_id, None)
         self._leases[due.id] = lease_end
         self._inflight[due.id] = asyncio.create_task(self._deliver(due))
         # Without statistics of a backlog PostgreSQL read every due delivery's row for each
@@ -266,13 +275,28 @@ class Dispatcher(Consumer):
             self._per_endpoint[endpoint] -= 1
             if self._per_endpoint[endpoint] <= 0:
                 del self._per_endpoint[endpoint]
-                if self._sending[endpoint].limit <= self.slow_slots:  # nothing to remember
-                    del self._sending[endpoint]
+                self._rest(endpoint)
             if endpoint in self._passed_over and self._held_of(endpoint) < self._share(endpoint):
                 self._passed_over.discard(endpoint)
                 was_full = True
             if was_full:
                 self.wakeup.notify()
+
+    def _rest(self, endpoint: str) -> None:
+        """This process holds nothing of ``endpoint`` now: remember its slots if they are
+        above the floor (dropping them restarted a busy endpoint at 8 between two claims,
+        and cost throughput), and forget those of the endpoints quiet for ``REMEMBER``."""
+        now = self.clock.now()
+        if self._sending[endpoint].limit > self.slow_slots:
+            self._resting[endpoint] = now + REMEMBER  # not resting before: soonest first
+        else:
+            del self._sending[endpoint]  # at the floor: nothing to remember
+        while self._resting:
+            quiet = next(iter(self._resting))
+            if self._resting[quiet] > now:
+                break
+            del self._resting[quiet]
+            del self._sending[quiet]
 
     async def _attempt(self, due: store.DueDelivery) -> None:
         """One attempt: send the request (unless the endpoint is gone or disabled), then

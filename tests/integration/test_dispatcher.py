@@ -16,7 +16,7 @@ from flowhook.store import events as events_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode
 from flowhook.store.wakeup import Wakeup
-from flowhook.webhooks.dispatcher import HOLD, Dispatcher
+from flowhook.webhooks.dispatcher import HOLD, REMEMBER, Dispatcher
 from tests.conftest import Receiver
 
 
@@ -251,3 +251,35 @@ async def test_an_endpoint_gets_more_requests_in_flight_only_while_it_answers_fa
     else:
         assert most == 8
         assert endpoint not in d._sending  # at the floor: nothing to remember
+
+
+async def test_an_endpoint_quiet_for_a_while_starts_again_at_the_floor(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    """Slots above the floor are remembered while the process holds nothing of an endpoint,
+    for ``REMEMBER``; then the next endpoint to go quiet drops them, so a deleted endpoint
+    is not remembered for ever."""
+    clock = FakeClock()
+    who, [a] = await setup(services, clock, [receiver.url])
+    await raise_event(db, who, clock, n=40)
+    d = dispatcher(db, clock, per_endpoint=16)
+    await d.open()
+    try:
+        while await pump(d):
+            pass
+        assert d._sending[a].limit == 16 and list(d._resting) == [a]
+        await services.webhooks.delete_endpoint(who, a)
+        b = (await services.webhooks.create_endpoint(
+            who, url=receiver.url, events=["flow.completed"]
+        )).id  # fmt: skip
+        clock.advance(REMEMBER.total_seconds() - 1)
+        await raise_event(db, who, clock)
+        assert await pump(d) == 1
+        assert list(d._resting) == [a, b]  # b answered fast once: 9 slots, remembered
+        clock.advance(2)
+        await raise_event(db, who, clock)
+        assert await pump(d) == 1
+        assert list(d._resting) == [b] and set(d._sending) == {b}
+        assert d._sending[b].limit == 10
+    finally:
+        await d.stop()
