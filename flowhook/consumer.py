@@ -169,4 +169,6 @@ class Consumer:
             if full:
                 await self.wakeup.wait(self.poll_interval)  # a finishing item wakes the loop
             else:
+                if claimed:  # the items just claimed go first, the probe of the next due after
+                    await asyncio.sleep(0)
                 await self._idle_wait()

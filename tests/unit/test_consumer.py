@@ -122,6 +122,30 @@ async def test_the_loop_claims_again_after_a_full_batch_then_waits_idle() -> Non
     assert queue.stopped_with == []
 
 
+async def test_the_items_just_claimed_start_before_the_idle_wait_looks_for_the_next() -> None:
+    """The look for the next due item (a database read) waits for the items the claim
+    started to take their first step: a lone run goes first, not behind that read."""
+    queue = Queue()
+    queue.due = [1]
+    order: list[str] = []
+    handle = queue._handle
+
+    async def first_step(n: int) -> None:
+        order.append(f"item {n}")
+        await handle(n)
+
+    async def next_due(conn: AsyncConnection) -> datetime | None:
+        order.append("next due")
+        return None
+
+    queue._handle = first_step  # type: ignore[method-assign]
+    queue._next_due = next_due  # type: ignore[method-assign]
+    await queue.start()
+    await _until(lambda: len(order) == 2)
+    assert order == ["item 1", "next due"]
+    await queue.stop(grace=0.0)
+
+
 async def test_an_idle_consumer_wakes_when_the_next_item_falls_due() -> None:
     queue = Queue(poll=60.0)
     queue.next_due = queue.clock.now() + timedelta(seconds=0.02)
