@@ -51,6 +51,7 @@ from sqlalchemy.types import (
     Text,
     TypeEngine,
 )
+from sqlalchemy.util import greenlet_spawn
 
 from flowhook.ids import pack_id, unpack_id
 from flowhook.store.sqlite_inline import InlineConnection
@@ -417,10 +418,8 @@ async def update_each(
         return [
             (await conn.execute(stmt, _bound(values, key))).rowcount == 1 for values, key in rows
         ]
-    result = await conn.execute(
-        _unnest_statement(table, columns, keys, guard, ordered), _arrays(rows)
-    )
-    matched = {tuple(r) for r in result.all()}
+    stmt = _unnest_statement(table, columns, keys, guard, ordered)
+    matched = set(await run_pg(conn, stmt, _arrays(rows)))
     return [tuple(key[k] for k in keys) in matched for _, key in rows]
 
 
@@ -557,6 +556,62 @@ def _pg_reader(type_: TypeEngine[Any], dialect: Any) -> Convert | None:
     raise TypeError(f"run_pg: no reading known for a column of {type_!r}; add one to bulk.py")
 
 
+def _failed(sync: Any, exc: BaseException, sql: str, values: Any, cursor: Any) -> None:
+    """SQLAlchemy's handling of ``exc`` raised by ``sql`` on ``sync``'s connection (run in a
+    greenlet, as there: invalidating a connection may wait for it to close)."""
+    try:
+        raise exc
+    except BaseException as raised:  # noqa: BLE001 - the handler reads the one being handled
+        sync._handle_dbapi_exception(raised, sql, values, cursor, None)
+
+
+def _watched(dispatch: Any) -> bool:
+    """Whether a listener watches the statements of a connection or engine."""
+    return bool(
+        dispatch.before_execute
+        or dispatch.after_execute
+        or dispatch.before_cursor_execute
+        or dispatch.after_cursor_execute
+    )
+
+
+async def _driver_rows(conn: AsyncConnection, sql: str, values: tuple[Any, ...]) -> list[Any]:
+    """PostgreSQL: ``sql`` run on the asyncpg adapter under ``conn`` (SQLAlchemy's own
+    ``AsyncAdapt_asyncpg_cursor``: the transaction SQLAlchemy began, started lazily by the
+    adapter as for any statement; its cache of prepared statements; its exceptions), without
+    SQLAlchemy's execution layer around it: a statement cost ~290 µs of the process's CPU
+    through ``exec_driver_sql`` against ~195 µs here, and a run's progress on PostgreSQL is
+    about eight of them. An error goes through SQLAlchemy's handling as it would have
+    (``DBAPIError``, a connection the server closed invalidated with the pool's older ones).
+    A cancelled statement drops the connection, as there (its protocol state is unknown).
+    Its rows (asyncpg records), none for a statement without a result.
+
+    SQLAlchemy's transaction is begun first if it is not (its autobegin), so its state is
+    what its own execute would leave. A connection that was invalidated (it reconnects
+    there), or one whose statements a listener watches (``before_cursor_execute`` and the
+    like: a tracer, a test counting them), goes through ``exec_driver_sql``. What this relies
+    on inside SQLAlchemy (pinned ``>=2.1,<2.2``) is checked by
+    ``tests/integration/test_pg_driver_path.py``."""
+    sync = conn.sync_connection
+    if (
+        sync is None
+        or sync.invalidated
+        or _watched(sync.dispatch)
+        or _watched(sync.engine.dispatch)
+    ):
+        result = await conn.exec_driver_sql(sql, values)  # it reconnects, or fires the events
+        return list(result.all()) if result.returns_rows else []
+    if not sync.in_transaction():
+        sync._autobegin()  # as SQLAlchemy's execute does (no round trip: the adapter's is lazy)
+    cursor = sync.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        await cursor._prepare_and_execute(sql, values)
+    except BaseException as exc:  # a cancellation too
+        await greenlet_spawn(_failed, sync, exc, sql, values, cursor)
+        raise  # pragma: no cover - _failed always raises
+    return list(cursor._rows) if cursor.description is not None else []
+
+
 async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> list[Any]:
     """Execute ``stmt`` (a statement built once, its values all named bind parameters; a
     list for an ``expanding`` one) on PostgreSQL through the driver (``exec_driver_sql``:
@@ -581,10 +636,9 @@ async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> li
             values.append(list(value) if many else value)
         else:
             values.append([bind(v) for v in value] if many else bind(value))
-    result = await conn.exec_driver_sql(sql, tuple(values))
-    if not result.returns_rows:
+    rows = await _driver_rows(conn, sql, tuple(values))
+    if not rows:
         return []
-    rows = result.all()
     if not any(read):
         return [tuple(r) for r in rows]
     return [

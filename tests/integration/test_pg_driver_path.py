@@ -1,0 +1,157 @@
+"""PostgreSQL: the store's raw statements (``bulk.run_pg``, ``bulk.update_each``) run on SQLAlchemy's asyncpg
+adapter without SQLAlchemy's execution layer (``bulk._driver_rows``). They must still behave
+as through SQLAlchemy: inside the block's transaction, or each alone in autocommit; errors as
+``DBAPIError``; a connection the server closed, or a statement cancelled halfway, dropped
+from the pool; and a listener on the engine's statements sees every one. These tests also
+fail if an upgrade of SQLAlchemy moves what that path relies on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+import sqlalchemy.exc as sa_exc
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    event,
+    func,
+    insert,
+    literal_column,
+    select,
+    text,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.errors import StoreUnavailable
+from flowhook.store import bulk
+from flowhook.store.db import Database
+from tests.integration import test_pg_pool
+from tests.integration.test_pg_pool import _terminate
+
+pytestmark = pytest.mark.postgres
+
+pg = test_pg_pool.pg  # the store on a pool of two connections
+
+TXID = select(literal_column("txid_current()", Integer))
+BACKEND = select(literal_column("pg_backend_pid()", Integer))
+SLEEP = select(func.count()).select_from(func.pg_sleep(bindparam("seconds", type_=Integer)))
+PROBE = Table("driver_path_probe", MetaData(), Column("k", Integer, primary_key=True))
+
+
+@pytest.fixture
+def no_sqlalchemy_execution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exec_driver_sql`` fails: a statement that still runs took the driver's path."""
+
+    async def refused(self: AsyncConnection, *args: Any, **kw: Any) -> Any:
+        raise AssertionError("went through SQLAlchemy's execution layer")
+
+    monkeypatch.setattr(AsyncConnection, "exec_driver_sql", refused)
+
+
+async def _one(conn: AsyncConnection, stmt: Any, **params: Any) -> Any:
+    [(value,)] = await bulk.run_pg(conn, stmt, params)
+    return value
+
+
+@pytest.mark.usefixtures("no_sqlalchemy_execution")
+async def test_statements_share_the_blocks_transaction_or_commit_alone(pg: Database) -> None:
+    async with pg.transaction() as conn:
+        first = await _one(conn, TXID)
+        assert await _one(conn, TXID) == first
+    async with pg.statement() as conn:  # autocommit: each statement a transaction
+        first = await _one(conn, TXID)
+        assert await _one(conn, TXID) == first + 1
+
+
+@pytest.fixture
+async def probe(pg: Database) -> AsyncIterator[Table]:
+    """A table of the test's own, dropped after it."""
+    async with pg.transaction() as conn:
+        await conn.execute(text("CREATE TABLE driver_path_probe (k int PRIMARY KEY)"))
+    yield PROBE
+    async with pg.transaction() as conn:
+        await conn.execute(text("DROP TABLE driver_path_probe"))
+
+
+@pytest.mark.usefixtures("no_sqlalchemy_execution")
+async def test_a_failed_statement_is_a_dbapi_error_and_the_block_rolls_back(
+    pg: Database, probe: Table
+) -> None:
+    stmt = insert(probe).values(k=bindparam("k", type_=Integer))
+
+    async def twice() -> None:
+        async with pg.transaction() as conn:
+            await bulk.run_pg(conn, stmt, {"k": 1})
+            await bulk.run_pg(conn, stmt, {"k": 1})  # the same key again
+
+    with pytest.raises(sa_exc.DBAPIError) as caught:
+        await twice()
+    assert isinstance(caught.value, sa_exc.IntegrityError)
+    assert isinstance(caught.value.orig.__cause__, asyncpg.UniqueViolationError)  # type: ignore[union-attr]
+    async with pg.read() as conn:  # the first insert rolled back with the block
+        assert (await conn.execute(select(probe.c.k))).all() == []
+        assert await _one(conn, TXID)  # and the connection went back to the pool usable
+
+
+@pytest.mark.usefixtures("no_sqlalchemy_execution")
+async def test_a_connection_the_server_closed_fails_once_then_the_pool_recovers(
+    pg: Database, pg_url: str
+) -> None:
+    async with pg.read() as a, pg.read() as b:
+        pids = {await _one(a, BACKEND), await _one(b, BACKEND)}
+    for pid in pids:
+        await _terminate(pg_url, pid)
+    with pytest.raises(StoreUnavailable):
+        async with pg.statement() as conn:
+            await _one(conn, BACKEND)
+    for _ in range(3):  # the pool's older connection was replaced with the one that failed
+        async with pg.statement() as conn:
+            assert await _one(conn, BACKEND) not in pids
+
+
+@pytest.mark.usefixtures("no_sqlalchemy_execution")
+async def test_a_statement_cancelled_halfway_leaves_no_busy_connection_in_the_pool(
+    pg: Database,
+) -> None:
+    pid: int | None = None
+
+    async def sleep() -> None:
+        nonlocal pid
+        async with pg.statement() as conn:
+            pid = await _one(conn, BACKEND)
+            await bulk.run_pg(conn, SLEEP, {"seconds": 1})
+
+    task = asyncio.create_task(sleep())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    # the block's end finds the connection gone: StoreUnavailable, as through SQLAlchemy
+    with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
+        await task
+    async with pg.statement() as a, pg.statement() as b:  # both of the pool's connections
+        assert pid not in {await _one(a, BACKEND), await _one(b, BACKEND)}
+
+
+async def test_a_listener_on_the_engines_statements_sees_them_all(pg: Database) -> None:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement)
+
+    engine = pg.writer.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        async with pg.transaction() as conn:
+            await _one(conn, TXID)
+        async with pg.statement() as conn:
+            await _one(conn, TXID)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert len([s for s in seen if "txid_current" in s]) == 2
