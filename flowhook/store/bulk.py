@@ -614,9 +614,10 @@ async def _driver_rows(conn: AsyncConnection, sql: str, values: tuple[Any, ...])
 
 async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> list[Any]:
     """Execute ``stmt`` (a statement built once, its values all named bind parameters; a
-    list for an ``expanding`` one) on PostgreSQL through the driver (``exec_driver_sql``:
-    SQLAlchemy's transaction and error translation) and return its rows as tuples of the
-    values SQLAlchemy would give; on another database through SQLAlchemy.
+    list for an ``expanding`` one) on PostgreSQL through the driver (:func:`_driver_rows`:
+    SQLAlchemy's transaction and error translation, not its execution layer) and return its
+    rows as tuples of the values SQLAlchemy would give; on another database through
+    SQLAlchemy.
 
     The dispatcher's statements run many times a second with lists of up to 64 ids. Through
     SQLAlchemy each execution wrote its ``IN (…)`` out again (a placeholder and a cast per
