@@ -31,7 +31,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy.exc as sa_exc
@@ -64,6 +64,8 @@ __all__ = [
     "unnested",
     "unnested_params",
     "insert_notifying",
+    "Insert",
+    "insert_then_read",
     "raw_sqlite",
     "inline_sqlite",
     "run_raw",
@@ -170,18 +172,28 @@ def _plan(
 
 
 @lru_cache(maxsize=64)
-def _pg_plan(
-    table: Table, columns: tuple[str, ...], conflict: tuple[str, ...], dialect: Any
-) -> tuple[str, list[tuple[str, Convert | None]]]:
-    """PostgreSQL's SQL for these columns, compiled once, and each parameter's column and
-    SQLAlchemy's own bind processor for it (``None``: the value as it is), in bind order."""
-    stmt = _insert_statement(table, columns, conflict, "postgresql")
-    compiled = stmt.values({c: None for c in columns}).compile(dialect=dialect)
-    order = list(compiled.positiontup or ())
-    if sorted(order) != sorted(columns):  # pragma: no cover - each column is bound once
-        raise RuntimeError(f"unexpected parameters for {table.name}: {order}")
-    processors = compiled._bind_processors  # what its own executemany applies
-    return str(compiled), [(name, processors.get(name)) for name in order]
+def _pg_insert_statement(table: Table, columns: tuple[str, ...], conflict: tuple[str, ...]) -> Any:
+    """PostgreSQL: ``INSERT … SELECT … FROM unnest(<one array per column>) [ON CONFLICT
+    (conflict) DO UPDATE SET <the other columns>]``, one statement text for any number of
+    rows (:func:`unnested`)."""
+    rows = unnested(table, [(c, c) for c in columns])
+    stmt = postgresql.insert(table).from_select(
+        list(columns), select(*(rows.c[c] for c in columns))
+    )
+    if conflict:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(conflict),
+            set_={c: stmt.excluded[c] for c in columns if c not in conflict},
+        )
+    return stmt
+
+
+def _last_per_key(rows: Sequence[dict[str, Any]], key: tuple[str, ...]) -> Sequence[dict[str, Any]]:
+    """``rows`` with, of those that share a value of ``key``, only the last: what one row
+    after another would have left, which one statement cannot do (PostgreSQL refuses an
+    ``ON CONFLICT DO UPDATE`` that meets its own row twice)."""
+    last = {tuple(row[k] for k in key): row for row in rows}
+    return rows if len(last) == len(rows) else list(last.values())
 
 
 async def _insert_pg(
@@ -191,15 +203,14 @@ async def _insert_pg(
     conflict: tuple[str, ...],
     rows: Sequence[dict[str, Any]],
 ) -> None:
-    """The rows through the driver's executemany (``exec_driver_sql``: SQLAlchemy's error
-    translation and transaction, none of its per-row parameter building), each value
-    processed as SQLAlchemy would."""
-    sql, processors = _pg_plan(table, columns, conflict, conn.dialect)
-    values = [
-        tuple(row[name] if bind is None else bind(row[name]) for name, bind in processors)
-        for row in rows
-    ]
-    await conn.exec_driver_sql(sql, values)
+    """The rows in one statement (:func:`_pg_insert_statement`), each column's values one
+    array, through the driver (:func:`run_pg`): one execution on the server whatever the
+    number of rows, where asyncpg's executemany ran the insert once per row (and went
+    through SQLAlchemy's execution layer, ``exec_driver_sql``). The values are those
+    SQLAlchemy's own executemany would store (a test compares the rows)."""
+    if conflict:
+        rows = _last_per_key(rows, conflict)
+    await run_pg(conn, _pg_insert_statement(table, columns, conflict), unnested_params(rows))
 
 
 async def insert(
@@ -345,6 +356,56 @@ def _insert_notifying(table: Table, columns: tuple[str, ...], channel: str) -> A
     written = insert_into(table).from_select(list(columns), select(*(rows.c[c] for c in columns)))
     notice = bindparam("notice", type_=String)
     return select(func.pg_notify(channel, notice, type_=Text)).add_cte(written.cte())  # void
+
+
+class Insert(NamedTuple):
+    """Rows to insert into ``table`` (all with the same keys) in the statement of a query
+    (:func:`insert_then_read`), with ``NOTIFY channel, notice`` unless ``channel`` is
+    ``None``."""
+
+    table: Table
+    rows: Sequence[dict[str, Any]]
+    channel: str | None = None
+    notice: str = ""
+
+
+async def insert_then_read(
+    conn: AsyncConnection, written: Insert, query: Any, params: dict[str, Any]
+) -> list[Any]:
+    """PostgreSQL: ``written``'s rows inserted (and its ``NOTIFY`` sent at commit) and
+    ``query``'s rows read (:func:`run_pg`), in one statement: one round trip where they
+    took two. ``query`` (a statement built once, whose parameter names do not start with
+    ``a_``) reads the database as it was before the insert, as any statement of one
+    snapshot does: it must not look for the rows written."""
+    stmt = _insert_then_read(written.table, tuple(written.rows[0]), written.channel, query)
+    values = {**unnested_params(written.rows), **params}
+    if written.channel is not None:
+        values["notice"] = written.notice
+    return await run_pg(conn, stmt, values)
+
+
+@lru_cache(maxsize=16)
+def _insert_then_read(
+    table: Table, columns: tuple[str, ...], channel: str | None, query: Any
+) -> Any:
+    """``WITH written AS (INSERT … FROM unnest(…)) [, told AS MATERIALIZED (SELECT
+    pg_notify(…))] <query> [AND (SELECT count(*) FROM told) >= 0]``. A data-modifying CTE
+    runs whether the query reads it or not; the ``NOTIFY`` is read to its end by a one-time
+    condition (always true), evaluated once before the query's rows whether it finds any or
+    not (as :func:`_unnest_statement` locks its rows)."""
+    rows = unnested(table, [(c, c) for c in columns])
+    written = insert_into(table).from_select(list(columns), select(*(rows.c[c] for c in columns)))
+    stmt = query.add_cte(written.cte("written"))
+    if channel is not None:
+        notice = bindparam("notice", type_=String)
+        told = (
+            select(func.pg_notify(channel, notice, type_=Text).label("told"))
+            .cte("told")
+            .prefix_with("MATERIALIZED")
+        )
+        sent = select(func.count()).select_from(told).scalar_subquery()
+        stmt = stmt.where(sent >= literal_column("0"))
+    return stmt
 
 
 @lru_cache(maxsize=64)

@@ -40,12 +40,18 @@ async def insert_events(
     event's workspace and mode that chose its type (the outbox's fan-out). A batch may mix
     workspaces and modes (the engine's group commit): one statement writes the events, one
     query per workspace and mode finds the subscribers, one statement queues the deliveries.
-    Returns the number of deliveries queued."""
+    On PostgreSQL the events are written (and announced) by the first of those queries'
+    statement. Returns the number of deliveries queued."""
     if not batch:
         return 0
     rows = [e.to_row() for e in batch]
     floor = min(e.id for e in batch)
-    if _announces(conn, floor):  # on PostgreSQL: one round trip for both
+    announce = _announces(conn, floor)
+    written: bulk.Insert | None = None
+    if to_endpoint is None and conn.dialect.name == "postgresql":
+        # in the statement of the first subscribers' query: one round trip for the three
+        written = bulk.Insert(events, rows, EVENTS_CHANNEL if announce else None, floor)
+    elif announce:  # on PostgreSQL: one round trip for both
         await bulk.insert_notifying(conn, events, rows, EVENTS_CHANNEL, floor)
     else:
         await bulk.insert(conn, events, rows)
@@ -58,8 +64,12 @@ async def insert_events(
     for e in batch:
         tenants.setdefault((e.workspace_id, e.mode), set()).add(e.type)
     for (workspace_id, mode), types in tenants.items():
-        for found in await webhooks_store.subscribers(conn, workspace_id, mode, sorted(types)):
-            targets.setdefault((workspace_id, mode, found.event), []).append(found)
+        found = await webhooks_store.subscribers(
+            conn, workspace_id, mode, sorted(types), written=written
+        )
+        written = None  # written with the first query
+        for sub in found:
+            targets.setdefault((workspace_id, mode, sub.event), []).append(sub)
     if not targets:
         return 0
     queued = [

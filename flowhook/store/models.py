@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from flowhook.clock import isoformat
-from flowhook.store.rows import from_row, to_row
+from flowhook.store.rows import from_row, from_values, to_row
 
 __all__ = [
     "Mode",
@@ -239,6 +239,11 @@ class Run:
     def from_row(cls, row: Any) -> Run:
         """The run from a ``runs`` row (its steps are read apart)."""
         return from_row(cls, row, _RUN_CONVERT)
+
+    @classmethod
+    def from_values(cls, names: tuple[str, ...], values: Sequence[Any]) -> Run:
+        """The run from a ``runs`` row read as a plain tuple of the columns ``names``."""
+        return from_values(cls, names, values, _RUN_CONVERT)
 
     def to_row(self, payload: Any = None) -> dict[str, Any]:
         """The columns of a newly queued run, due at :attr:`due_at` (default: at once);

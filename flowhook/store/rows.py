@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, Select, and_, select
 
-__all__ = ["from_row", "to_row", "owned", "page"]
+__all__ = ["from_row", "from_values", "to_row", "owned", "page"]
 
 T = TypeVar("T")
 
@@ -81,6 +81,28 @@ def from_row(
         value = row[i] if i >= 0 else row._mapping[name]
         values[name] = convert[name](value) if name in convert else value
     return cls(**values)
+
+
+@cache
+def _positions(cls: Any, names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    fields = set(_fields(cls))
+    return tuple((name, i) for i, name in enumerate(names) if name in fields)
+
+
+def from_values(
+    cls: type[T],
+    names: tuple[str, ...],
+    values: Sequence[Any],
+    convert: Mapping[str, Callable[[Any], Any]] = _NONE,
+    /,
+) -> T:
+    """:func:`from_row` for a plain tuple of ``values`` whose columns are ``names`` (a
+    statement run on the driver, :func:`flowhook.store.bulk.run_pg`)."""
+    found = {}
+    for name, i in _positions(cast(Any, cls), names):
+        value = values[i]
+        found[name] = convert[name](value) if name in convert else value
+    return cls(**found)
 
 
 def to_row(obj: Any, names: Iterable[str], /, **given: Any) -> dict[str, Any]:

@@ -61,6 +61,7 @@ class LeaseLost(Exception):
 
 
 RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
+_RUN_NAMES = tuple(c.name for c in RUN_COLUMNS)
 
 _CLAIMABLE = text(ACTIVE_RUN)
 _HIGHER = text("runs.priority <> 0 AND runs.priority > 0")  # as ix_runs_priority states it
@@ -200,9 +201,13 @@ async def claim_runs(
     PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
     writer, so the same statement inside its write transaction is enough.
     """
-    stmt = _claim_statement(conn.dialect.name == "postgresql")
     params = {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit}
-    claimed = [Run.from_row(r) for r in (await conn.execute(stmt, params)).all()]
+    if conn.dialect.name == "postgresql":  # on the driver: one claim of each idle run
+        found = await bulk.run_pg(conn, _claim_statement(True), params)
+        claimed = [Run.from_values(_RUN_NAMES, r) for r in found]
+    else:
+        stmt = _claim_statement(False)
+        claimed = [Run.from_row(r) for r in (await conn.execute(stmt, params)).all()]
     claimed.sort(key=lambda r: r.queued_at)
     return claimed
 

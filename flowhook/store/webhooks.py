@@ -213,13 +213,20 @@ class Subscriber:
 
 
 async def subscribers(
-    conn: AsyncConnection, workspace_id: str, mode: Mode, event_types: Sequence[str]
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    event_types: Sequence[str],
+    *,
+    written: bulk.Insert | None = None,
 ) -> list[Subscriber]:
     """Every enabled endpoint that chose one of the types, once per type it chose.
 
     With a :class:`Handoff` in the transaction that has not looked at the queue yet, the
     same query asks whether a due delivery waits there (:meth:`Handoff.saw_queue`): the
-    progress transaction then reaches its deliveries in one round trip fewer."""
+    progress transaction then reaches its deliveries in one round trip fewer. ``written``
+    (PostgreSQL): rows to insert in the same statement (the events whose subscribers these
+    are, :func:`~flowhook.store.bulk.insert_then_read`), one round trip fewer again."""
     params: dict[str, Any] = {
         "workspace_id": workspace_id,
         "mode": str(mode),
@@ -240,7 +247,10 @@ async def subscribers(
             for ep, event, flows, order, *_ in rows
         ]
     else:
-        rows = await bulk.run_pg(conn, stmt, params)
+        if written is None:
+            rows = await bulk.run_pg(conn, stmt, params)
+        else:
+            rows = await bulk.insert_then_read(conn, written, stmt, params)
         found = [
             Subscriber(ep, event, flows, order == FIFO) for ep, event, flows, order, *_ in rows
         ]

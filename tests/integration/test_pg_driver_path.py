@@ -155,3 +155,37 @@ async def test_a_listener_on_the_engines_statements_sees_them_all(pg: Database) 
     finally:
         event.remove(engine, "before_cursor_execute", record)
     assert len([s for s in seen if "txid_current" in s]) == 2
+
+
+@pytest.mark.usefixtures("no_sqlalchemy_execution")
+async def test_an_insert_then_a_read_is_one_statement_and_notifies_once_found_or_not(
+    pg: Database, probe: Table, pg_url: str
+) -> None:
+    """``bulk.insert_then_read``: the rows are written, the query reads the table as it was
+    before them (one snapshot), and the ``NOTIFY`` goes out at commit, once, whether the
+    query found rows or not."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(pg_url)
+    await listener.add_listener("driver_path", lambda *a: heard.put_nowait(a[3]))
+    above = (
+        select(probe.c.k).where(probe.c.k > bindparam("floor", type_=Integer)).order_by(probe.c.k)
+    )
+    try:
+        async with pg.transaction() as conn:
+            written = bulk.Insert(probe, [{"k": 1}, {"k": 2}], "driver_path", "first")
+            assert await bulk.insert_then_read(conn, written, above, {"floor": 0}) == []
+            written = bulk.Insert(probe, [{"k": 3}], "driver_path", "second")
+            found = await bulk.insert_then_read(conn, written, above, {"floor": 1})
+            assert found == [(2,)]  # not 3: written by the same statement
+            assert heard.empty()  # at commit
+        async with asyncio.timeout(5):
+            assert [await heard.get(), await heard.get()] == ["first", "second"]
+        async with pg.transaction() as conn:  # without a channel: no NOTIFY
+            written = bulk.Insert(probe, [{"k": 4}])
+            assert len(await bulk.insert_then_read(conn, written, above, {"floor": 0})) == 3
+        async with pg.read() as conn:
+            assert [k for (k,) in await bulk.run_pg(conn, above, {"floor": 0})] == [1, 2, 3, 4]
+        await asyncio.sleep(0.2)
+        assert heard.empty()
+    finally:
+        await listener.close()

@@ -94,6 +94,34 @@ async def test_concurrent_claims_never_share_a_run(services: Services, db: Datab
     assert len(set(claimed)) == len(claimed)
 
 
+async def test_a_claimed_run_is_the_run_as_read_back(services: Services, db: Database) -> None:
+    """The claim reads its runs on the driver on PostgreSQL (``bulk.run_pg``): each field is
+    what SQLAlchemy reads of the same row, with every column of a run set."""
+    clock = FakeClock()
+    [run_id], _ = await _queued(services, 1, clock)
+    values = {
+        "priority": 3, "concurrency_key": "k", "concurrency_slot": "k#1", "throttle_key": "t",
+        "throttle_at": clock.now(), "debounce_key": "d", "parent_idx": 2,
+        "scope": {"item": [1, "é"], "none": None}, "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        "output": {"o": 1.5}, "error": {"type": "x"}, "cancel_requested_at": clock.now(),
+        "rerun_of": new_id("run"), "parent_run_id": new_id("run"), "root_run_id": new_id("run"),
+    }  # fmt: skip
+    async with db.transaction() as conn:
+        await conn.execute(update(runs).where(runs.c.run_id == run_id).values(**values))
+    now = clock.now()
+    async with db.transaction() as conn:
+        [claimed] = await runs_store.claim_runs(
+            conn, owner="a", now=now, lease_until=now + timedelta(seconds=30), limit=5
+        )
+    async with db.read() as conn:
+        read = await runs_store.get_run_by_id(conn, run_id)
+    assert read is not None
+    read.steps = []
+    assert claimed == read
+    assert claimed.mode is Mode.TEST and claimed.status is RunStatus.QUEUED
+    assert claimed.scope == values["scope"] and claimed.payload == {"x": 0}
+
+
 async def test_an_expired_lease_makes_the_run_claimable_again(
     services: Services, db: Database
 ) -> None:
