@@ -6,16 +6,18 @@ processor per value, a datetime formatted through a ``%`` template), a fifth of 
 time under load. On SQLite, :func:`insert` hands the rows to ``sqlite3``'s executemany instead,
 converted once per column to exactly what SQLAlchemy would have stored (a test compares the
 two byte for byte), inside the same transaction; :func:`update` does the same for updates by
-key. On PostgreSQL :func:`insert` compiles its statement once and hands the rows, each value
-through SQLAlchemy's own bind processor, to asyncpg's executemany (``exec_driver_sql``): the
-same values, without SQLAlchemy's per-row parameter building (a test compares the rows).
+key. On PostgreSQL :func:`insert` is one ``INSERT … SELECT … FROM unnest(…)`` for all its
+rows, one array parameter per column, through the driver (:func:`run_pg`): the same values
+as SQLAlchemy's executemany (a test compares the rows), one execution on the server.
 
 :func:`update` on PostgreSQL is one ``UPDATE … FROM unnest(…)`` (as below) for all its rows.
 :func:`update_each` is the guarded form the state machine writes with: each row's update
 carries a guard (its status among the legal sources, the lease owner), and the caller learns
 row by row which ones the database applied. On SQLite that is one execution per row on the
 same prepared statement (microseconds each); on PostgreSQL one ``UPDATE … FROM unnest(…)
-RETURNING`` per call, whose text does not depend on the number of rows, so it is prepared once.
+RETURNING`` per call, whose text does not depend on the number of rows, so it is prepared once,
+and which may write rows of another table for the rows it applied (``attached``: a run's
+steps with its move).
 
 :func:`run_raw` runs any other statement built once with named bind parameters (the
 dispatcher's claim and its due-time probe, many times a second) the same way: compiled for
@@ -64,6 +66,7 @@ __all__ = [
     "unnested",
     "unnested_params",
     "insert_notifying",
+    "Attached",
     "Insert",
     "insert_then_read",
     "raw_sqlite",
@@ -284,7 +287,7 @@ async def update(
     raw = raw_sqlite(conn)
     if raw is None:
         if conn.dialect.name == "postgresql":  # one statement, prepared once: see update_each
-            await conn.execute(_unnest_statement(table, columns, keys, None, False), _arrays(rows))
+            await run_pg(conn, _unnest_statement(table, columns, keys, None, False), _arrays(rows))
         else:  # pragma: no cover - SQLite's connections are inline ones
             await conn.execute(
                 _update_statement(table, columns, keys),
@@ -369,6 +372,17 @@ class Insert(NamedTuple):
     notice: str = ""
 
 
+class Attached(NamedTuple):
+    """Rows inserted into ``table`` by a guarded update (:func:`update_each`), those of the
+    rows it applied only: a row goes in when its ``link`` column holds the first key of an
+    updated row. ``update_on_conflict``: as :func:`insert`'s."""
+
+    table: Table
+    rows: Sequence[dict[str, Any]]
+    link: str
+    update_on_conflict: tuple[str, ...] = ()
+
+
 async def insert_then_read(
     conn: AsyncConnection, written: Insert, query: Any, params: dict[str, Any]
 ) -> list[Any]:
@@ -449,6 +463,7 @@ async def update_each(
     *,
     guard: str | None = None,
     ordered: bool = False,
+    attached: Attached | None = None,
 ) -> list[bool]:
     """:func:`update` with a guard, telling for each row whether the database applied it.
 
@@ -456,10 +471,22 @@ async def update_each(
     indexes want them), added to every row's key match; key columns that must match a value
     (the lease owner) go in the row's keys. Rows are updated in the order given on SQLite;
     on PostgreSQL, with ``ordered``, they are locked in the order of the first key column
-    (the lock order rule), else the caller locks them first when the order matters."""
+    (the lock order rule), else the caller locks them first when the order matters.
+
+    ``attached``: rows to insert with those the database applied (a run's steps with its
+    move); on PostgreSQL in the update's statement (:func:`_attach`), one round trip for
+    both."""
     if not rows:
         return []
     columns, keys = tuple(rows[0][0]), tuple(rows[0][1])
+    if attached is not None and not attached.rows:
+        attached = None
+    if attached is not None and conn.dialect.name != "postgresql":
+        applied = await update_each(conn, table, rows, guard=guard, ordered=ordered)
+        moved = {key[keys[0]] for (_, key), ok in zip(rows, applied, strict=True) if ok}
+        kept = [row for row in attached.rows if row[attached.link] in moved]
+        await insert(conn, attached.table, kept, update_on_conflict=attached.update_on_conflict)
+        return applied
     raw = raw_sqlite(conn)
     if raw is not None:
         sql, plan = _update_plan(table, columns, keys, guard)
@@ -480,8 +507,41 @@ async def update_each(
             (await conn.execute(stmt, _bound(values, key))).rowcount == 1 for values, key in rows
         ]
     stmt = _unnest_statement(table, columns, keys, guard, ordered)
-    matched = set(await run_pg(conn, stmt, _arrays(rows)))
+    params = _arrays(rows)
+    if attached is not None:
+        conflict = attached.update_on_conflict
+        extra = _last_per_key(attached.rows, conflict) if conflict else attached.rows
+        stmt = _attach(stmt, keys[0], attached.table, tuple(extra[0]), attached.link, conflict)
+        params.update({f"a_s_{c}": [row[c] for row in extra] for c in extra[0]})
+    matched = set(await run_pg(conn, stmt, params))
     return [tuple(key[k] for k in keys) in matched for _, key in rows]
+
+
+@lru_cache(maxsize=32)
+def _attach(
+    update_stmt: Any,
+    key: str,
+    table: Table,
+    columns: tuple[str, ...],
+    link: str,
+    conflict: tuple[str, ...],
+) -> Any:
+    """``WITH moved AS (<update_stmt> RETURNING <keys>), attached AS (INSERT INTO table
+    SELECT … FROM unnest(…) s WHERE s.link IN (SELECT k_<key> FROM moved) [ON CONFLICT …])
+    SELECT * FROM moved``: the rows of ``table`` of the updated rows alone, in one statement.
+    Its parameters: the update's, and ``a_s_<column>`` per column inserted."""
+    moved = update_stmt.cte("moved")
+    rows = unnested(table, [(f"s_{c}", c) for c in columns])
+    chosen = select(*(rows.c[f"s_{c}"] for c in columns)).where(
+        rows.c[f"s_{link}"].in_(select(moved.c[f"k_{key}"]))
+    )
+    written = postgresql.insert(table).from_select(list(columns), chosen)
+    if conflict:
+        written = written.on_conflict_do_update(
+            index_elements=list(conflict),
+            set_={c: written.excluded[c] for c in columns if c not in conflict},
+        )
+    return select(*moved.c).add_cte(written.cte("attached"))
 
 
 def _arrays(rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, list[Any]]:

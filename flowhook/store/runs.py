@@ -301,15 +301,6 @@ async def insert_steps(conn: AsyncConnection, run_id: str, steps: Sequence[RunSt
     await bulk.insert(conn, run_steps, [s.to_row(run_id) for s in steps])
 
 
-async def _upsert_steps(conn: AsyncConnection, rows: Sequence[tuple[str, RunStep]]) -> None:
-    await bulk.insert(
-        conn,
-        run_steps,
-        [s.to_row(run_id) for run_id, s in rows],
-        update_on_conflict=("run_id", "idx"),
-    )
-
-
 class StatusChange(NamedTuple):
     """One move of a run to ``status``, writing ``values`` with it; ``honour_cancel``: a
     cancel request blocks the move (every move but the one to ``cancelled``)."""
@@ -366,9 +357,10 @@ async def apply_progress(
     ``False`` (the executor raises :class:`LeaseLost`); the others go on.
 
     A fixed number of statements whatever the batch size: one guarded update per shape of
-    change (same guard, same columns: one execution per row on SQLite, one ``UPDATE … FROM
-    unnest(…)`` on PostgreSQL), and one statement each for the events, their deliveries and
-    the steps. On PostgreSQL the runs, when more than one, are first locked in ``run_id``
+    change with the steps of the runs it moved (same guard, same columns: one execution per
+    row on SQLite, then the steps; on PostgreSQL one ``UPDATE … FROM unnest(…)`` that writes
+    the steps too, :func:`~flowhook.store.bulk.update_each`'s ``attached``), and one
+    statement each for the events and their deliveries. On PostgreSQL the runs, when more than one, are first locked in ``run_id``
     order (the lock order rule, see :func:`_held`). A run appears at most once in
     ``items``: the executor awaits each of its writes.
     """
@@ -398,12 +390,18 @@ async def apply_progress(
         shapes.setdefault((guard, tuple(sorted(values))), []).append(i)
         rows[i] = (values, {"run_id": items[i].run_id, "lease_owner": owner})
     for (guard, _), members in shapes.items():
-        done = await bulk.update_each(conn, runs, [rows[i] for i in members], guard=guard)
+        steps = [s.to_row(items[i].run_id) for i in members for s in items[i].steps]
+        done = await bulk.update_each(
+            conn,
+            runs,
+            [rows[i] for i in members],
+            guard=guard,
+            attached=bulk.Attached(run_steps, steps, "run_id", ("run_id", "idx")),
+        )
         for i, ok in zip(members, done, strict=True):
             applied[i] = ok
     won = [items[i] for i in left if applied[i]]
     await events_store.insert_events(conn, [e for item in won for e in item.events])
-    await _upsert_steps(conn, [(item.run_id, s) for item in won for s in item.steps])
     for item in won:
         if item.after is not None:
             await item.after(conn)

@@ -272,8 +272,9 @@ async def _pg_dump(url: str) -> dict[str, list[tuple[Any, ...]]]:
 async def test_the_postgres_bulk_path_stores_what_sqlalchemy_stores(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL's inserts go to asyncpg's executemany with SQLAlchemy's bind processors
-    applied by hand: the rows are those of SQLAlchemy's own executemany."""
+    """PostgreSQL's inserts are one ``INSERT … FROM unnest(…)`` on the driver (an upsert
+    keeping, of rows that share a key, the last): the rows are those of SQLAlchemy's own
+    executemany."""
     await _pg_dump(pg_url)  # whatever an earlier test left
     db = Database(pg_url)
     await _write(db)

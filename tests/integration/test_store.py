@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -250,15 +251,17 @@ async def test_a_group_commit_applies_each_run_or_nothing_of_it(
     services: Services, db: Database
 ) -> None:
     """apply_progress batches every run's writes into a few statements; a run whose guard
-    fails (lease lost, cancel requested) writes nothing, and the others still go through."""
+    fails (lease lost, cancel requested) writes nothing, and the others still go through.
+    The steps go with their run's move (on PostgreSQL in its statement), a step written
+    twice in one batch as it was last, and runs moved in two shapes each get theirs."""
     clock = FakeClock()
-    ids, who = await _queued(services, 3, clock)
+    ids, who = await _queued(services, 4, clock)
     now = clock.now()
     async with db.transaction() as conn:
         await runs_store.claim_runs(
-            conn, owner="me", now=now, lease_until=now + timedelta(seconds=30), limit=3
+            conn, owner="me", now=now, lease_until=now + timedelta(seconds=30), limit=4
         )
-    mine, stolen, cancelled = ids
+    mine, stolen, cancelled, started = ids
     async with db.transaction() as conn:
         await conn.execute(
             update(runs).where(runs.c.run_id == stolen).values(lease_owner="someone-else")
@@ -290,19 +293,31 @@ async def test_a_group_commit_applies_each_run_or_nothing_of_it(
             [event],
         )
 
+    running = RunStep(0, "a", "transform", StepStatus.RUNNING, 1, now, None, None, None)
+    twice = finished(mine)
+    twice = replace(twice, steps=[running, *twice.steps])  # the step's start, then its end
+    begun = runs_store.Progress(
+        started, (runs_store.StatusChange(RunStatus.RUNNING, {"started_at": now}),), [running]
+    )
     async with db.transaction() as conn:
         results = await runs_store.apply_progress(
-            conn, [finished(mine), finished(stolen), finished(cancelled)], owner="me"
+            conn, [twice, finished(stolen), finished(cancelled), begun], owner="me"
         )
-    assert results == [True, False, False]
+    assert results == [True, False, False, True]
     async with db.read() as conn:
         done = await runs_store.get_run_by_id(conn, mine)
         left = [await runs_store.get_run_by_id(conn, r) for r in (stolen, cancelled)]
         raised = {e.run_id for e in await events_store.list_events_for_run(conn, mine)}
         others = [await events_store.list_events_for_run(conn, r) for r in (stolen, cancelled)]
     assert done is not None and done.status is RunStatus.COMPLETED and done.output == {"n": 1}
-    assert [s.step_id for s in done.steps] == ["a"]
+    assert [(s.step_id, s.status, s.output) for s in done.steps] == [
+        ("a", StepStatus.COMPLETED, {"x": 1})
+    ]
     assert raised == {mine}
+    async with db.read() as conn:
+        begun_run = await runs_store.get_run_by_id(conn, started)
+    assert begun_run is not None and begun_run.status is RunStatus.RUNNING
+    assert [(s.step_id, s.status) for s in begun_run.steps] == [("a", StepStatus.RUNNING)]
     for run in left:
         assert run is not None and run.status is RunStatus.QUEUED and run.steps == []
     assert others == [[], []]
