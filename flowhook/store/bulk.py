@@ -287,7 +287,8 @@ async def update(
     raw = raw_sqlite(conn)
     if raw is None:
         if conn.dialect.name == "postgresql":  # one statement, prepared once: see update_each
-            await run_pg(conn, _unnest_statement(table, columns, keys, None, False), _arrays(rows))
+            stmt = _unnest_statement(table, columns, keys, None, False, returning=False)
+            await run_pg(conn, stmt, _arrays(rows))
         else:  # pragma: no cover - SQLite's connections are inline ones
             await conn.execute(
                 _update_statement(table, columns, keys),
@@ -424,10 +425,15 @@ def _insert_then_read(
 
 @lru_cache(maxsize=64)
 def _unnest_statement(
-    table: Table, columns: tuple[str, ...], keys: tuple[str, ...], guard: str | None, ordered: bool
+    table: Table,
+    columns: tuple[str, ...],
+    keys: tuple[str, ...],
+    guard: str | None,
+    ordered: bool,
+    returning: bool = True,
 ) -> Any:
     """``UPDATE table SET c = v.c … FROM unnest(<one array per column>) v WHERE <keys match>
-    AND <guard> RETURNING <keys>``: one statement for any number of rows. ``ordered``: the
+    AND <guard> [RETURNING <keys>]``: one statement for any number of rows. ``ordered``: the
     rows are first locked in the order of the first key column, in the same statement."""
     names = [(f"v_{c}", c) for c in columns] + [(f"k_{k}", k) for k in keys]
     v = unnested(table, names)
@@ -435,8 +441,9 @@ def _unnest_statement(
         table.update()
         .where(and_(*(table.c[k] == v.c[f"k_{k}"] for k in keys)))
         .values({c: v.c[f"v_{c}"] for c in columns})
-        .returning(*(v.c[f"k_{k}"] for k in keys))
     )
+    if returning:
+        stmt = stmt.returning(*(v.c[f"k_{k}"] for k in keys))
     if ordered:
         # The rows are locked in a CTE that a one-time condition reads to its end (a count,
         # always true), so before any row is updated and once. Referenced as ``IN (SELECT
