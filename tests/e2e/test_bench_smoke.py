@@ -72,3 +72,18 @@ def test_the_overview_bench_runs_on_both_backends() -> None:
     # a line per backend, then the table's row
     assert done.stdout.count("whole page (two connections at once)") == len(backends) + 1
     assert "| queue depth and ages |" in done.stdout
+
+
+def test_the_progress_transaction_bench_runs_on_both_backends() -> None:
+    """bench/progress_tx.py, small: each run is claimed and its progress applied (the bench
+    fails otherwise), and both are timed on each backend."""
+    backends = ["sqlite", "postgresql"] if PG_URL else ["sqlite"]
+    command = [sys.executable, str(ROOT / "bench" / "progress_tx.py"), "--runs", "50"]
+    command += ["--backends", ",".join(backends)]
+    if PG_URL:
+        command += ["--postgres-url", PG_URL]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for backend in backends:
+        assert f"{backend}: claim p50 " in done.stdout, done.stdout
+    assert done.stdout.count("progress transaction p50 ") == len(backends)
