@@ -32,6 +32,12 @@ async def nap(ctx: flowhook.StepContext) -> dict[str, Any]:
     return {"slept": ctx.input}
 
 
+@flowhook.step("ballast")
+def ballast(ctx: flowhook.StepContext) -> dict[str, Any]:
+    """An output of ``input`` bytes: events too big for the sockets' buffers to hide."""
+    return {"ballast": "x" * int(ctx.input)}
+
+
 @flowhook.step("count")
 def count(ctx: flowhook.StepContext) -> dict[str, Any]:
     """Appends a line per execution to $FLOWHOOK_TEST_COUNT_DIR/<run>-<step>, so a test can

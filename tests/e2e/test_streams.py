@@ -399,8 +399,13 @@ async def _many_streams(server: Server, key: str, flow_id: str) -> tuple[dict[st
 
 def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_url: str) -> None:
     """A stream whose client stops reading is closed once its queue is full, not buffered
-    without limit: the client finds the end of the connection after what was sent."""
-    env = {**ENV, "FLOWHOOK_STREAM_QUEUE": "5", "FLOWHOOK_RATE_LIMIT": "0"}
+    without limit: the client finds the end of the connection after what was sent.
+
+    The queue holds more than one run's events (eight, which one transaction may write), so
+    the stream is not dropped while its client reads: the first run's events arrive whole.
+    Then the client stops reading and the events outgrow what the sockets' buffers hold.
+    """
+    env = {**ENV, "FLOWHOOK_STREAM_QUEUE": "20", "FLOWHOOK_RATE_LIMIT": "0"}
     with serve(tmp_path, database_url, **env) as server:
         key = server.value("sandbox key")
         sock = socket.socket()
@@ -414,8 +419,27 @@ def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_ur
         while b"\r\n\r\n" not in head:
             head += sock.recv(1)
         assert head.startswith(b"HTTP/1.1 200")
+        sock.settimeout(30)
         with httpx.Client(base_url=server.base, timeout=30) as c:
-            flow_id = naps_flow(c, key, steps=6, seconds=0)
+            # 300 runs' events are 14 MB: more than the kernel's send buffer grows to (4 MB).
+            body = {
+                "name": "ballast",
+                "steps": [
+                    {"id": f"b{i}", "type": "python", "function": "ballast", "input": 8000}
+                    for i in range(6)
+                ],
+            }
+            r = c.post("/api/v1/flows", json=body, headers=auth(key))
+            assert r.status_code == 201, r.text
+            flow_id = r.json()["flow_id"]
+            first = start(c, key, flow_id)
+            # While the client reads, the stream carries the run to its end.
+            body = b""
+            while b"event: flow.completed" not in body:  # the first run is the only one
+                body += sock.recv(65536)
+            read_while_reading = body.count(b"\nevent: ")
+            assert read_while_reading == 8 and first.encode() in body
+            # Now it stops reading.
             runs = [start(c, key, flow_id) for _ in range(300)]  # 2,400 events unread
             for _ in range(600):
                 if c.get(f"/api/v1/flows/runs/{runs[-1]}", headers=auth(key)).json()["status"] in (
@@ -426,7 +450,7 @@ def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_ur
                 time.sleep(0.1)
         # Read what was sent; a stream that was not cut goes on (heartbeats) past the guard.
         sock.settimeout(5)
-        body, closed, guard = b"", False, time.monotonic() + 60
+        closed, guard = False, time.monotonic() + 60
         while time.monotonic() < guard:
             chunk = sock.recv(65536)
             if not chunk:
@@ -434,6 +458,6 @@ def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_ur
                 break
             body += chunk
         sock.close()
-        assert closed
         received = body.count(b"\nevent: ")
-        assert 0 < received < 300 * 8  # cut short
+        assert closed, (received, len(body))
+        assert read_while_reading <= received < 301 * 8  # cut short
