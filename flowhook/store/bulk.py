@@ -38,7 +38,6 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Table, and_, any_, bindparam, func, literal_column, select, text
-from sqlalchemy import insert as insert_into
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import (
@@ -149,9 +148,17 @@ def _converter(column: Column[Any]) -> Convert:
 
 
 def _insert_statement(
-    table: Table, columns: tuple[str, ...], conflict: tuple[str, ...], dialect: str
+    table: Table,
+    columns: tuple[str, ...],
+    conflict: tuple[str, ...],
+    dialect: str,
+    source: Any = None,
 ) -> Any:
+    """``INSERT INTO table`` (``… SELECT <source>`` when given) and, with ``conflict`` (the
+    key columns), ``ON CONFLICT (conflict) DO UPDATE SET <the other columns>``."""
     stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+    if source is not None:
+        stmt = stmt.from_select(list(columns), source)
     if conflict:
         stmt = stmt.on_conflict_do_update(
             index_elements=list(conflict),
@@ -178,17 +185,15 @@ def _plan(
 def _pg_insert_statement(table: Table, columns: tuple[str, ...], conflict: tuple[str, ...]) -> Any:
     """PostgreSQL: ``INSERT … SELECT … FROM unnest(<one array per column>) [ON CONFLICT
     (conflict) DO UPDATE SET <the other columns>]``, one statement text for any number of
-    rows (:func:`unnested`)."""
-    rows = unnested(table, [(c, c) for c in columns])
-    stmt = postgresql.insert(table).from_select(
-        list(columns), select(*(rows.c[c] for c in columns))
-    )
-    if conflict:
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(conflict),
-            set_={c: stmt.excluded[c] for c in columns if c not in conflict},
-        )
-    return stmt
+    rows."""
+    return _insert_statement(table, columns, conflict, "postgresql", _from_unnest(table, columns))
+
+
+def _from_unnest(table: Table, columns: tuple[str, ...], prefix: str = "") -> Any:
+    """``SELECT <prefix><column>, … FROM (SELECT unnest(:a_<prefix><column>) …) v``: the rows
+    given as one array parameter per column (:func:`unnested`)."""
+    rows = unnested(table, [(f"{prefix}{c}", c) for c in columns])
+    return select(*(rows.c[f"{prefix}{c}"] for c in columns))
 
 
 def _last_per_key(rows: Sequence[dict[str, Any]], key: tuple[str, ...]) -> Sequence[dict[str, Any]]:
@@ -307,6 +312,10 @@ def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     # JSON columns are JSONB on PostgreSQL (a variant the ARRAY type would not resolve)
     if isinstance(type_, JSON):
         return postgresql.JSONB(none_as_null=type_.none_as_null)
+    # A string's length is the column's to check: PostgreSQL's cast to varchar(n) cuts a
+    # longer value short without an error, where writing it to the column refuses it.
+    if type(type_) is String and type_.length is not None:
+        return String()
     return type_
 
 
@@ -356,8 +365,7 @@ async def insert_notifying(
 def _insert_notifying(table: Table, columns: tuple[str, ...], channel: str) -> Any:
     """``WITH written AS (INSERT … SELECT … FROM unnest(…)) SELECT pg_notify(channel,
     :notice)``: a data-modifying CTE runs whether the query reads it or not."""
-    rows = unnested(table, [(c, c) for c in columns])
-    written = insert_into(table).from_select(list(columns), select(*(rows.c[c] for c in columns)))
+    written = _pg_insert_statement(table, columns, ())
     notice = bindparam("notice", type_=String)
     return select(func.pg_notify(channel, notice, type_=Text)).add_cte(written.cte())  # void
 
@@ -408,9 +416,7 @@ def _insert_then_read(
     runs whether the query reads it or not; the ``NOTIFY`` is read to its end by a one-time
     condition (always true), evaluated once before the query's rows whether it finds any or
     not (as :func:`_unnest_statement` locks its rows)."""
-    rows = unnested(table, [(c, c) for c in columns])
-    written = insert_into(table).from_select(list(columns), select(*(rows.c[c] for c in columns)))
-    stmt = query.add_cte(written.cte("written"))
+    stmt = query.add_cte(_pg_insert_statement(table, columns, ()).cte("written"))
     if channel is not None:
         notice = bindparam("notice", type_=String)
         told = (
@@ -538,16 +544,9 @@ def _attach(
     SELECT * FROM moved``: the rows of ``table`` of the updated rows alone, in one statement.
     Its parameters: the update's, and ``a_s_<column>`` per column inserted."""
     moved = update_stmt.cte("moved")
-    rows = unnested(table, [(f"s_{c}", c) for c in columns])
-    chosen = select(*(rows.c[f"s_{c}"] for c in columns)).where(
-        rows.c[f"s_{link}"].in_(select(moved.c[f"k_{key}"]))
-    )
-    written = postgresql.insert(table).from_select(list(columns), chosen)
-    if conflict:
-        written = written.on_conflict_do_update(
-            index_elements=list(conflict),
-            set_={c: written.excluded[c] for c in columns if c not in conflict},
-        )
+    source = _from_unnest(table, columns, "s_")
+    chosen = source.where(source.selected_columns[f"s_{link}"].in_(select(moved.c[f"k_{key}"])))
+    written = _insert_statement(table, columns, conflict, "postgresql", chosen)
     return select(*moved.c).add_cte(written.cte("attached"))
 
 

@@ -360,9 +360,10 @@ async def apply_progress(
     change with the steps of the runs it moved (same guard, same columns: one execution per
     row on SQLite, then the steps; on PostgreSQL one ``UPDATE … FROM unnest(…)`` that writes
     the steps too, :func:`~flowhook.store.bulk.update_each`'s ``attached``), and one
-    statement each for the events and their deliveries. On PostgreSQL the runs, when more than one, are first locked in ``run_id``
-    order (the lock order rule, see :func:`_held`). A run appears at most once in
-    ``items``: the executor awaits each of its writes.
+    statement each for the events and their deliveries. On PostgreSQL the runs, when more
+    than one, are first locked in ``run_id`` order (the lock order rule, see
+    :func:`_held`). A run appears at most once in ``items``: the executor awaits each of
+    its writes.
     """
     if not items:
         return []

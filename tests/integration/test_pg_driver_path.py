@@ -19,6 +19,7 @@ from sqlalchemy import (
     Column,
     Integer,
     MetaData,
+    String,
     Table,
     bindparam,
     event,
@@ -189,3 +190,42 @@ async def test_an_insert_then_a_read_is_one_statement_and_notifies_once_found_or
         assert heard.empty()
     finally:
         await listener.close()
+
+
+async def test_a_string_too_long_for_its_column_is_refused_not_cut_short(pg: Database) -> None:
+    """The arrays of an ``unnest`` insert or update are cast to their column's type without
+    its length: PostgreSQL's cast to ``varchar(n)`` would cut a longer value short without a
+    word, where the column refuses it (as a row-by-row insert did)."""
+    short = Table(
+        "driver_path_short",
+        MetaData(),
+        Column("k", Integer, primary_key=True),
+        Column("v", String(4)),
+    )
+    async with pg.transaction() as conn:
+        await conn.execute(text("CREATE TABLE driver_path_short (k int PRIMARY KEY, v varchar(4))"))
+    try:
+        writes = [
+            lambda conn: bulk.insert(
+                conn, short, [{"k": 5, "v": "fits"}, {"k": 6, "v": "too long"}]
+            ),
+            lambda conn: bulk.insert(
+                conn, short, [{"k": 1, "v": "too long"}], update_on_conflict=("k",)
+            ),
+            lambda conn: bulk.update(conn, short, [({"v": "too long"}, {"k": 1})]),
+            lambda conn: bulk.insert_then_read(
+                conn, bulk.Insert(short, [{"k": 3, "v": "too long"}]), select(short.c.k), {}
+            ),
+        ]
+        async with pg.transaction() as conn:
+            await bulk.insert(conn, short, [{"k": 1, "v": "fits"}])
+        for write in writes:
+            with pytest.raises(sa_exc.DBAPIError) as caught:
+                async with pg.transaction() as conn:
+                    await write(conn)
+            assert isinstance(caught.value.orig.__cause__, asyncpg.StringDataRightTruncationError)  # type: ignore[union-attr]
+        async with pg.read() as conn:
+            assert (await conn.execute(select(short.c.k, short.c.v))).all() == [(1, "fits")]
+    finally:
+        async with pg.transaction() as conn:
+            await conn.execute(text("DROP TABLE driver_path_short"))
