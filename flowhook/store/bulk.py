@@ -17,7 +17,8 @@ row by row which ones the database applied. On SQLite that is one execution per 
 same prepared statement (microseconds each); on PostgreSQL one ``UPDATE … FROM unnest(…)
 RETURNING`` per call, whose text does not depend on the number of rows, so it is prepared once,
 and which may write rows of another table for the rows it applied (``attached``: a run's
-steps with its move).
+steps with its move) and run other writes of the same transaction (``beside``: a delivery's
+attempt line and its endpoint's health with its move).
 
 :func:`run_raw` runs any other statement built once with named bind parameters (the
 dispatcher's claim and its due-time probe, many times a second) the same way: compiled for
@@ -40,6 +41,7 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Table, and_, any_, bindparam, func, literal_column, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Select
 from sqlalchemy.types import (
     JSON,
     BigInteger,
@@ -392,6 +394,26 @@ class Attached(NamedTuple):
     update_on_conflict: tuple[str, ...] = ()
 
 
+class Beside(NamedTuple):
+    """A statement that a guarded update (:func:`update_each`) runs in its own statement on
+    PostgreSQL, after it: built once (its parameters named apart from the update's, none
+    starting with ``a_v_`` or ``a_k_``), with this call's parameters. Its rows are not
+    read. For writes that belong in the update's transaction whatever it applied."""
+
+    statement: Any
+    params: dict[str, Any]
+
+
+def update_beside(
+    table: Table, rows: Sequence[tuple[dict[str, Any], dict[str, Any]]], label: str
+) -> Beside:
+    """:func:`update` of ``rows`` as a statement to run beside a guarded update, its
+    parameters named apart by ``label`` (``a_<label>v_<column>``, ``a_<label>k_<key>``)."""
+    columns, keys = tuple(rows[0][0]), tuple(rows[0][1])
+    stmt = _unnest_statement(table, columns, keys, None, False, returning=False, prefix=label)
+    return Beside(stmt, _arrays(rows, label))
+
+
 async def insert_then_read(
     conn: AsyncConnection, written: Insert, query: Any, params: dict[str, Any]
 ) -> list[Any]:
@@ -437,19 +459,22 @@ def _unnest_statement(
     guard: str | None,
     ordered: bool,
     returning: bool = True,
+    prefix: str = "",
 ) -> Any:
     """``UPDATE table SET c = v.c … FROM unnest(<one array per column>) v WHERE <keys match>
     AND <guard> [RETURNING <keys>]``: one statement for any number of rows. ``ordered``: the
-    rows are first locked in the order of the first key column, in the same statement."""
-    names = [(f"v_{c}", c) for c in columns] + [(f"k_{k}", k) for k in keys]
+    rows are first locked in the order of the first key column, in the same statement.
+    ``prefix`` goes before its parameters' labels (:func:`_arrays`), for a second update in
+    one statement."""
+    names = [(f"{prefix}v_{c}", c) for c in columns] + [(f"{prefix}k_{k}", k) for k in keys]
     v = unnested(table, names)
     stmt = (
         table.update()
-        .where(and_(*(table.c[k] == v.c[f"k_{k}"] for k in keys)))
-        .values({c: v.c[f"v_{c}"] for c in columns})
+        .where(and_(*(table.c[k] == v.c[f"{prefix}k_{k}"] for k in keys)))
+        .values({c: v.c[f"{prefix}v_{c}"] for c in columns})
     )
     if returning:
-        stmt = stmt.returning(*(v.c[f"k_{k}"] for k in keys))
+        stmt = stmt.returning(*(v.c[f"{prefix}k_{k}"] for k in keys))
     if ordered:
         # The rows are locked in a CTE that a one-time condition reads to its end (a count,
         # always true), so before any row is updated and once. Referenced as ``IN (SELECT
@@ -458,7 +483,7 @@ def _unnest_statement(
         first = table.c[keys[0]]
         locked = (
             select(first)
-            .where(first == any_(_array_param(table, f"k_{keys[0]}", keys[0])))
+            .where(first == any_(_array_param(table, f"{prefix}k_{keys[0]}", keys[0])))
             .order_by(first)
             .with_for_update(key_share=True)  # what the UPDATE takes: FOR NO KEY UPDATE
             .cte("locked")
@@ -477,6 +502,7 @@ async def update_each(
     guard: str | None = None,
     ordered: bool = False,
     attached: Attached | None = None,
+    beside: Sequence[Beside] = (),
 ) -> list[bool]:
     """:func:`update` with a guard, telling for each row whether the database applied it.
 
@@ -488,9 +514,14 @@ async def update_each(
 
     ``attached``: rows to insert with those the database applied (a run's steps with its
     move); on PostgreSQL in the update's statement (:func:`_attach`), one round trip for
-    both."""
+    both.
+
+    ``beside``: PostgreSQL only (the caller runs its own statements on SQLite): statements
+    run after the update in its statement (:func:`_beside`), one round trip for all."""
     if not rows:
         return []
+    if beside and conn.dialect.name != "postgresql":
+        raise ValueError("update_each: beside is for PostgreSQL")
     columns, keys = tuple(rows[0][0]), tuple(rows[0][1])
     if attached is not None and not attached.rows:
         attached = None
@@ -526,6 +557,10 @@ async def update_each(
         extra = _last_per_key(attached.rows, conflict) if conflict else attached.rows
         stmt = _attach(stmt, keys[0], attached.table, tuple(extra[0]), attached.link, conflict)
         params.update({f"a_s_{c}": [row[c] for row in extra] for c in extra[0]})
+    if beside:
+        stmt = _beside(stmt, tuple(b.statement for b in beside))
+        for b in beside:
+            params.update(b.params)
     matched = set(await run_pg(conn, stmt, params))
     return [tuple(key[k] for k in keys) in matched for _, key in rows]
 
@@ -550,11 +585,29 @@ def _attach(
     return select(*moved.c).add_cte(written.cte("attached"))
 
 
-def _arrays(rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, list[Any]]:
+@lru_cache(maxsize=16)
+def _beside(stmt: Any, statements: tuple[Any, ...]) -> Any:
+    """``WITH moved AS (<stmt>), beside_0 AS (<statement>), … SELECT * FROM moved`` (or
+    ``stmt``, already a query of ``moved``, with the statements added to its ``WITH``).
+
+    The query reads ``moved`` to its end, so its rows are locked and written first;
+    PostgreSQL then runs the data-modifying statements no one reads, each to its end, before
+    the statement returns. Among themselves their order is PostgreSQL's: they must not
+    depend on each other's rows or lock rows in an order that matters."""
+    if not isinstance(stmt, Select):
+        stmt = select(*stmt.cte("moved").c)
+    for i, statement in enumerate(statements):
+        stmt = stmt.add_cte(statement.cte(f"beside_{i}"))
+    return stmt
+
+
+def _arrays(
+    rows: Sequence[tuple[dict[str, Any], dict[str, Any]]], prefix: str = ""
+) -> dict[str, list[Any]]:
     """The parameters of :func:`_unnest_statement` for ``rows``: one list per column."""
     columns, keys = rows[0]
-    params = {f"a_v_{c}": [values[c] for values, _ in rows] for c in columns}
-    params.update({f"a_k_{k}": [key[k] for _, key in rows] for k in keys})
+    params = {f"a_{prefix}v_{c}": [values[c] for values, _ in rows] for c in columns}
+    params.update({f"a_{prefix}k_{k}": [key[k] for _, key in rows] for k in keys})
     return params
 
 

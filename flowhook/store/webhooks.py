@@ -931,7 +931,11 @@ class Completion:
 
 
 async def finish_attempts(
-    conn: AsyncConnection, completions: Sequence[Completion], *, owner: str
+    conn: AsyncConnection,
+    completions: Sequence[Completion],
+    *,
+    owner: str,
+    healthy: Sequence[str] = (),
 ) -> list[str]:
     """Complete attempts' log lines and move their deliveries on (pending again, succeeded
     or failed), many in one transaction. Each move is guarded in SQL by the lease owner and
@@ -941,13 +945,30 @@ async def finish_attempts(
     so the caller can tell that race was lost.
 
     Rows are written in ``delivery_id`` order: two processes finishing overlapping
-    deliveries lock them in one order, never in opposite ones (the lock order rule)."""
+    deliveries lock them in one order, never in opposite ones (the lock order rule).
+
+    ``healthy``: endpoints whose failure windows end (:func:`mark_endpoints_healthy`), after
+    the deliveries. On PostgreSQL, when no completion releases a FIFO endpoint's next
+    delivery, the deliveries' move, the attempts' lines and the endpoints' health are one
+    statement (:func:`~flowhook.store.bulk.update_each`'s ``beside``): one round trip where
+    they took three."""
     if not completions:
         return []
     completions = sorted(completions, key=lambda c: c.delivery_id)
+    logged = [
+        (c.attempt.outcome(), {"delivery_id": c.delivery_id, "number": c.attempt.number})
+        for c in completions
+    ]
     by_guard: dict[str, list[Completion]] = {}
     for c in completions:  # one guard for all three moves today: the status is pending
         by_guard.setdefault(delivery_move(c.status), []).append(c)
+    releases = any(c.fifo and c.status is not DeliveryStatus.PENDING for c in completions)
+    beside: list[bulk.Beside] = []
+    at_once = conn.dialect.name == "postgresql" and len(by_guard) == 1 and not releases
+    if at_once:
+        beside.append(bulk.update_beside(delivery_attempts, logged, "l"))
+        if healthy:
+            beside.append(bulk.Beside(_healthy_statement(), {"ids": sorted(healthy)}))
     lost: list[str] = []
     for guard, moving in by_guard.items():
         applied = await bulk.update_each(
@@ -956,8 +977,11 @@ async def finish_attempts(
             [(_moved(c), {"id": c.delivery_id, "lease_owner": owner}) for c in moving],
             guard=guard,
             ordered=True,
+            beside=beside,
         )
         lost.extend(c.delivery_id for c, ok in zip(moving, applied, strict=True) if not ok)
+    if at_once:
+        return lost
     ended = {
         c.endpoint_id: c.attempt.finished_at or c.attempt.started_at
         for c in completions
@@ -966,14 +990,8 @@ async def finish_attempts(
     for endpoint_id in sorted(ended):  # the next in event order goes
         await lock_endpoint(conn, endpoint_id)
         await release_next(conn, endpoint_id, ended[endpoint_id])
-    await bulk.update(
-        conn,
-        delivery_attempts,
-        [
-            (c.attempt.outcome(), {"delivery_id": c.delivery_id, "number": c.attempt.number})
-            for c in completions
-        ],
-    )
+    await bulk.update(conn, delivery_attempts, logged)
+    await mark_endpoints_healthy(conn, healthy)
     return sorted(lost)
 
 

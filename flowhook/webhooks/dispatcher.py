@@ -471,13 +471,19 @@ class Dispatcher(Consumer):
         """One group commit of finished attempts, and endpoint health: per endpoint, the last
         final outcome of the group; endpoints in id order (the lock order rule), so two
         processes marking the same endpoints cannot deadlock."""
-        for delivery_id in await store.finish_attempts(conn, completions, owner=self.owner):
+        final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
+        # Only successes (the usual group): their endpoints' health goes with the attempts.
+        succeeded = all(c.status is DeliveryStatus.SUCCEEDED for c in final.values())
+        for delivery_id in await store.finish_attempts(
+            conn, completions, owner=self.owner, healthy=sorted(final) if succeeded else ()
+        ):
             log.warning(
                 "delivery %s: its lease moved on before this attempt ended; the attempt is "
                 "logged, the delivery is left to the process that holds it now",
                 delivery_id,
             )
-        final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
+        if succeeded:
+            return
         healthy: list[str] = []  # successes in a row of the id order: one statement
         for endpoint_id in sorted(final):
             c = final[endpoint_id]

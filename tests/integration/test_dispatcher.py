@@ -109,7 +109,8 @@ async def test_an_endpoint_failing_for_the_whole_window_is_disabled(
 async def test_successes_end_their_endpoints_failure_windows_and_a_failure_between_keeps_its(
     services: Services, db: Database, receiver: Receiver
 ) -> None:
-    """One group commit marks endpoints in id order: here a success, a failure, a success."""
+    """One group commit marks endpoints in id order: here a success, a failure, a success;
+    then successes alone."""
     failing = {"/a", "/b", "/c"}
     original = receiver.handle
 
@@ -135,10 +136,17 @@ async def test_successes_end_their_endpoints_failure_windows_and_a_failure_betwe
         clock.advance(60)
         await raise_event(db, who, clock)
         assert await pump(d) == 3
+        after = [(await services.webhooks.get_endpoint(who, i)).failing_since for i in ids]
+        assert after == [None, first[1], None]
+
+        failing = set()  # a group of successes alone (one statement on PostgreSQL)
+        clock.advance(60)
+        await raise_event(db, who, clock)
+        assert await pump(d) == 3
     finally:
         await d.stop()
     after = [(await services.webhooks.get_endpoint(who, i)).failing_since for i in ids]
-    assert after == [None, first[1], None]
+    assert after == [None, None, None]
 
 
 async def test_a_slow_endpoint_does_not_hold_back_the_others(

@@ -9,12 +9,14 @@ delivery's id from ``finish_attempts``), leaving the row, its steps and events u
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from flowhook.events import make_event
 from flowhook.ids import new_id
+from flowhook.signing import new_secret
 from flowhook.store import events as events_store
 from flowhook.store import runs as runs_store
 from flowhook.store import webhooks as webhooks_store
@@ -25,6 +27,7 @@ from flowhook.store.models import (
     Attempt,
     Delivery,
     DeliveryStatus,
+    Endpoint,
     Mode,
     Run,
     RunStatus,
@@ -291,6 +294,50 @@ async def test_a_delivery_another_process_claimed_is_left_alone_and_reported(
     async with db.read() as conn:  # the attempt's line still records what it saw
         found = await webhooks_store.get_delivery(conn, "ws_a", Mode.TEST, theirs)
     assert found is not None and found.attempt_log[0].duration_ms == 1000
+
+
+async def test_successes_move_log_and_heal_in_one_statement_on_postgresql(db: Database) -> None:
+    """The usual group (successes, no FIFO endpoint): the deliveries move, every attempt's
+    line is written (a lost delivery's too) and the endpoints' failure windows end; on
+    PostgreSQL in one statement, on SQLite in three."""
+    ep = Endpoint(
+        "ep_gone", "ws_a", Mode.TEST, "https://x.example/h", "", True, ["flow.completed"],
+        new_secret(), NOW, NOW, failing_since=NOW,
+    )  # fmt: skip
+    async with db.transaction() as conn:
+        await webhooks_store.insert_endpoint(conn, ep)
+    mine = await _delivery_in(db, DeliveryStatus.PENDING)
+    theirs = await _delivery_in(db, DeliveryStatus.PENDING, owner="w-2")
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement)
+
+    event.listen(db.writer.sync_engine, "before_cursor_execute", record)
+    try:
+        async with db.transaction() as conn:
+            lost = await webhooks_store.finish_attempts(
+                conn,
+                [
+                    _completion(theirs, DeliveryStatus.SUCCEEDED),
+                    _completion(mine, DeliveryStatus.SUCCEEDED),
+                ],
+                owner=OWNER,
+                healthy=["ep_gone"],
+            )
+    finally:
+        event.remove(db.writer.sync_engine, "before_cursor_execute", record)
+    assert lost == [theirs]
+    assert await _delivery_status(db, mine) is DeliveryStatus.SUCCEEDED
+    assert await _delivery_status(db, theirs) is DeliveryStatus.PENDING
+    async with db.read() as conn:
+        for delivery_id in (mine, theirs):
+            found = await webhooks_store.get_delivery(conn, "ws_a", Mode.TEST, delivery_id)
+            assert found is not None and found.attempt_log[0].duration_ms == 1000
+        healed = await webhooks_store.get_endpoint(conn, "ep_gone")
+    assert healed is not None and healed.failing_since is None
+    if not db.is_sqlite:
+        assert len(seen) == 1, seen
 
 
 async def test_the_guard_holds_on_sqlalchemy_s_path_too(
