@@ -517,7 +517,8 @@ async def update_each(
     both.
 
     ``beside``: PostgreSQL only (the caller runs its own statements on SQLite): statements
-    run after the update in its statement (:func:`_beside`), one round trip for all."""
+    run after the update in its statement (:func:`_beside`), one round trip for all. They
+    need rows to update: without any, nothing runs, ``beside`` included."""
     if not rows:
         return []
     if beside and conn.dialect.name != "postgresql":
