@@ -395,10 +395,11 @@ class Attached(NamedTuple):
 
 
 class Beside(NamedTuple):
-    """A statement that a guarded update (:func:`update_each`) runs in its own statement on
-    PostgreSQL, after it: built once (its parameters named apart from the update's, none
-    starting with ``a_v_`` or ``a_k_``), with this call's parameters. Its rows are not
-    read. For writes that belong in the update's transaction whatever it applied."""
+    """A statement that a guarded update (:func:`update_each`) runs inside its own
+    statement on PostgreSQL, after the update: built once (its parameters named apart from
+    the update's, none starting with ``a_v_`` or ``a_k_``), with this call's parameters. Its
+    rows are not read. For writes that belong in the update's transaction whatever it
+    applied."""
 
     statement: Any
     params: dict[str, Any]

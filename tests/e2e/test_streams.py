@@ -422,14 +422,14 @@ def test_a_client_that_does_not_read_is_disconnected(tmp_path: Path, database_ur
         sock.settimeout(30)
         with httpx.Client(base_url=server.base, timeout=30) as c:
             # 300 runs' events are 14 MB: more than the kernel's send buffer grows to (4 MB).
-            body = {
+            flow = {
                 "name": "ballast",
                 "steps": [
                     {"id": f"b{i}", "type": "python", "function": "ballast", "input": 8000}
                     for i in range(6)
                 ],
             }
-            r = c.post("/api/v1/flows", json=body, headers=auth(key))
+            r = c.post("/api/v1/flows", json=flow, headers=auth(key))
             assert r.status_code == 201, r.text
             flow_id = r.json()["flow_id"]
             first = start(c, key, flow_id)
