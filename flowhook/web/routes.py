@@ -456,6 +456,16 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
         notice=p.request.query_params.get("notice"),
         error=error,
         stream_events=" ".join(EVENT_TYPES),
+        between_steps=_between_steps(r),
+    )
+
+
+def _between_steps(r: Run) -> bool:
+    """Whether the engine is between two of the run's steps: it is running and none of its
+    steps is under way. A step that starts to wait (for a signal, a time, a person) has no
+    event of its own, so the page, which redraws on events, looks again until one is."""
+    return r.status is RunStatus.RUNNING and not any(
+        s.depth == 0 and s.status in _UNSETTLED for s in r.steps
     )
 
 

@@ -69,6 +69,8 @@
 
   // A running run's page follows the run's event stream: each event renders the run's part
   // of the page again (one fetch at a time; events that arrive meanwhile share the next).
+  // A step that starts to wait has no event of its own: while the page shows the engine
+  // between two steps (data-between-steps), it looks again, 0.25 s later, then 0.5, 1, 2 s.
   const terminal = ["flow.completed", "flow.failed", "flow.cancelled"];
   for (const element of document.querySelectorAll("[data-stream]")) {
     if (!window.EventSource) {
@@ -79,6 +81,19 @@
     source.addEventListener("open", () => (element.dataset.live = "stream"));
     let busy = false;
     let again = false;
+    let look = null; // the timer of the next look while between steps
+    let pause = 250;
+    const between = () => {
+      const status = element.querySelector("#run-status");
+      return status !== null && "betweenSteps" in status.dataset;
+    };
+    const lookAgain = () => {
+      clearTimeout(look);
+      look = null;
+      if (!between() || source.readyState === EventSource.CLOSED) return;
+      look = setTimeout(render, pause);
+      pause = Math.min(pause * 2, 2000);
+    };
     const render = async () => {
       if (busy) {
         again = true;
@@ -95,14 +110,18 @@
       if (again) {
         again = false;
         render();
+      } else {
+        lookAgain();
       }
     };
     for (const name of element.dataset.events.split(" ")) {
       source.addEventListener(name, () => {
         if (terminal.includes(name)) source.close(); // the stream ends here
+        pause = 250;
         render();
       });
     }
+    lookAgain(); // drawn between two steps
     source.addEventListener("error", () => {
       source.close(); // the stream broke (server restarting, signed out): poll instead
       element.dataset.live = "polling";
