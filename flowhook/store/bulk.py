@@ -66,6 +66,7 @@ __all__ = [
     "update_each",
     "unnested",
     "unnested_params",
+    "pg_item_type",
     "insert_notifying",
     "Attached",
     "Insert",
@@ -310,7 +311,7 @@ async def update(
         raise sa_exc.DBAPIError.instance(sql, None, exc, sqlite3.Error) from exc
 
 
-def _pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
+def pg_item_type(type_: TypeEngine[Any]) -> TypeEngine[Any]:
     # JSON columns are JSONB on PostgreSQL (a variant the ARRAY type would not resolve)
     if isinstance(type_, JSON):
         return postgresql.JSONB(none_as_null=type_.none_as_null)
@@ -325,7 +326,7 @@ def _array_param(table: Table, label: str, column: str) -> Any:
     """The parameter ``a_<label>``: an array of ``table.column``'s type, of one dimension
     (else SQLAlchemy would take a JSON value that is a list, in the first row, for a second
     dimension and process its elements one by one)."""
-    item = _pg_item_type(table.c[column].type)
+    item = pg_item_type(table.c[column].type)
     return bindparam(f"a_{label}", type_=postgresql.ARRAY(item, dimensions=1))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -25,13 +26,15 @@ import orjson
 import sqlalchemy.exc as sa_exc
 from pydantic import SecretStr
 from sqlalchemy import event, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.backoff import backoff
 from flowhook.config import async_database_url
 from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
-from flowhook.store import sqlite_inline
+from flowhook.store import bulk, sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
+from flowhook.store.tables import metadata
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["Database", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
@@ -57,6 +60,36 @@ so the two sides of a deadlock do not meet again in step."""
 
 IDLE_PING = 1.0
 """Seconds a PostgreSQL connection may sit in the pool before its next use pings it first."""
+
+
+def _learn_array_types(engine: AsyncEngine) -> None:
+    """Have each new PostgreSQL connection learn the array types of the store's columns
+    when it is made, in one query, rather than on the first run.
+
+    asyncpg knows PostgreSQL's scalar types but looks up an array type (its element, its
+    delimiter) the first time a statement of the connection uses one, with a query of its
+    own over ``pg_type``; the store's bulk writes pass every column as an array
+    (:func:`flowhook.store.bulk.unnested`). On a new connection the first claim and the
+    first progress of a run paid two such lookups, ~10 ms (``bench/idle_phases.py``)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _learn(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.run_async(lambda conn: conn.fetchrow(_array_types_query()))
+
+
+@functools.cache
+def _array_types_query() -> str:
+    """``SELECT NULL::<type>[], …`` for each column type of the store's tables, as the bulk
+    writes send them (:func:`flowhook.store.bulk.pg_item_type`)."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    names = sorted(
+        {
+            bulk.pg_item_type(column.type).compile(dialect=dialect)
+            for table in metadata.tables.values()
+            for column in table.columns
+        }
+    )
+    return "SELECT " + ", ".join(f"NULL::{name}[] AS a{i}" for i, name in enumerate(names))
 
 
 def _ping_when_idle(engine: AsyncEngine) -> None:
@@ -136,6 +169,7 @@ class Database:
                 **common,
             )
             _ping_when_idle(engine)  # a restarted server's dead connections are replaced
+            _learn_array_types(engine)
             self.writer = self.reader = engine
         self._autocommit_reads = (
             None if self.is_sqlite else self.reader.execution_options(isolation_level="AUTOCOMMIT")

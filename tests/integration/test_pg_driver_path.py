@@ -29,11 +29,13 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.errors import StoreUnavailable
 from flowhook.store import bulk
 from flowhook.store.db import Database
+from flowhook.store.tables import metadata
 from tests.integration import test_pg_pool
 from tests.integration.test_pg_pool import _terminate
 
@@ -229,3 +231,34 @@ async def test_a_string_too_long_for_its_column_is_refused_not_cut_short(pg: Dat
     finally:
         async with pg.transaction() as conn:
             await conn.execute(text("DROP TABLE driver_path_short"))
+
+
+async def test_a_new_connection_knows_the_array_types_of_every_column(
+    pg: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg looks an array type up in ``pg_type`` the first time a connection uses it;
+    the store's connections learn all of its columns' array types when they are made (one
+    query), so a run's first claim and progress do not pay those lookups."""
+    looked_up: list[set[int]] = []
+    introspect = asyncpg.Connection._introspect_types  # type: ignore[attr-defined]
+
+    async def spied(self: asyncpg.Connection, oids: Any, timeout: Any) -> Any:
+        looked_up.append(set(oids))
+        return await introspect(self, oids, timeout)
+
+    monkeypatch.setattr(asyncpg.Connection, "_introspect_types", spied)
+    async with pg.read() as conn:
+        await conn.execute(text("SELECT 1"))
+    assert looked_up, "the connection learned no array type when it was made"
+    looked_up.clear()
+    types = {
+        bulk.pg_item_type(column.type).compile(dialect=postgresql.dialect()): column.type
+        for table in metadata.tables.values()
+        for column in table.columns
+    }
+    async with pg.read() as conn:
+        for type_ in types.values():
+            array = bindparam("a", type_=postgresql.ARRAY(bulk.pg_item_type(type_), dimensions=1))
+            size = func.cardinality(array, type_=Integer)
+            assert await _one(conn, select(size), a=[None]) == 1
+    assert looked_up == [], sorted(types)
