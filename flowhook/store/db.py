@@ -70,11 +70,21 @@ def _learn_array_types(engine: AsyncEngine) -> None:
     delimiter) the first time a statement of the connection uses one, with a query of its
     own over ``pg_type``; the store's bulk writes pass every column as an array
     (:func:`flowhook.store.bulk.unnested`). On a new connection the first claim and the
-    first progress of a run paid two such lookups, ~10 ms (``bench/idle_phases.py``)."""
+    first progress of a run paid two such lookups, ~10 ms (``bench/idle_phases.py``).
+
+    A failure here only costs the lookups later: a connection the server dropped meanwhile
+    fails its first statement as a disconnect (:class:`~flowhook.errors.StoreUnavailable`),
+    and a type a database lacks (one not migrated yet) must not stop its migration."""
+
+    async def learn(conn: asyncpg.Connection) -> None:
+        try:
+            await conn.fetchrow(_array_types_query())
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.debug("a new connection did not learn the array types: %s", exc)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _learn(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.run_async(lambda conn: conn.fetchrow(_array_types_query()))
+        dbapi_connection.run_async(learn)
 
 
 @functools.cache
