@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,7 +42,7 @@ from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
-from flowhook.store.models import Event, Flow, Run, RunStatus
+from flowhook.store.models import Event, Flow, Mode, Run, RunStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 
@@ -89,16 +89,43 @@ def _check_key(key: str | None) -> None:
         )
 
 
+_Keyed = tuple[str, Mode, str]
+"""An Idempotency-Key in its scope: workspace, mode, key."""
+
+
+async def _keyed_runs(
+    conn: AsyncConnection, keys: Iterable[_Keyed]
+) -> dict[_Keyed, tuple[Run, str | None] | None]:
+    """The runs that earlier requests started with ``keys``, with their requests' hashes,
+    read in one statement per workspace and mode (a batch of accepts has one); a key no
+    run holds is left out."""
+    scopes: dict[tuple[str, Mode], set[str]] = {}
+    for workspace_id, mode, key in keys:
+        scopes.setdefault((workspace_id, mode), set()).add(key)
+    found: dict[_Keyed, tuple[Run, str | None] | None] = {}
+    for (workspace_id, mode), scope in scopes.items():
+        runs = await runs_store.find_by_idempotency_keys(conn, workspace_id, mode, scope)
+        found.update(((workspace_id, mode, key), seen) for key, seen in runs.items())
+    return found
+
+
+async def _within_window(
+    conn: AsyncConnection, seen: tuple[Run, str | None] | None, now: datetime
+) -> tuple[Run, str | None] | None:
+    """``seen`` (a run an Idempotency-Key started) while the key is within its window; a
+    key older than that is forgotten here."""
+    if seen is not None and seen[0].queued_at <= now - IDEMPOTENCY_WINDOW:
+        await runs_store.release_idempotency_key(conn, seen[0].run_id)
+        return None
+    return seen
+
+
 async def _keyed_earlier(
     conn: AsyncConnection, who: Principal, key: str, now: datetime
 ) -> tuple[Run, str | None] | None:
-    """The run an Idempotency-Key started within its window, with its request's hash; a key
-    older than the window is forgotten here."""
-    found = await runs_store.find_by_idempotency_key(conn, who.workspace_id, who.mode, key)
-    if found is not None and found[0].queued_at <= now - IDEMPOTENCY_WINDOW:
-        await runs_store.release_idempotency_key(conn, found[0].run_id)
-        return None
-    return found
+    """The run an Idempotency-Key started within its window, with its request's hash."""
+    scoped = (who.workspace_id, who.mode, key)
+    return await _within_window(conn, (await _keyed_runs(conn, [scoped])).get(scoped), now)
 
 
 def _replayed(seen: tuple[Run, str | None], digest: str | None) -> Started | IdempotencyConflict:
@@ -192,7 +219,8 @@ class RunService:
                     return started
             async with self._db.transaction() as conn:  # the flows already read: as good
                 return await self._start_many(conn, batch, flows)
-        except sa_exc.IntegrityError:
+        except sa_exc.IntegrityError as _e:
+            print("INTEGRITY", _e)
             # Another process committed the same Idempotency-Key first: redo one by one, so
             # each request answers as that key now dictates.
             results: list[Started | BaseException] = []
@@ -250,15 +278,20 @@ class RunService:
         rows: list[tuple[Run, str | None, str | None]] = []
         encoded: list[orjson.Fragment] = []
         flows = {} if flows is None else flows
-        keyed: dict[tuple[str, str, str], tuple[Run, str | None]] = {}
+        keyed: dict[_Keyed, tuple[Run, str | None]] = {}
+        """Runs this batch queues with an Idempotency-Key (a later request repeats one)."""
+        earlier = await _keyed_runs(
+            conn, [(r.who.workspace_id, r.who.mode, r.key) for r in batch if r.key is not None]
+        )
         debounced: dict[tuple[str, str], tuple[Run, int]] = {}
         """Debounced runs this batch queues, with their place in ``encoded``."""
         for req in batch:
             who = req.who
             if req.key is not None:
-                seen = keyed.get((who.workspace_id, who.mode, req.key))
-                if seen is None:
-                    seen = await _keyed_earlier(conn, who, req.key, now)
+                scoped = (who.workspace_id, who.mode, req.key)
+                seen = keyed.get(scoped)
+                if seen is None and earlier.get(scoped) is not None:  # forgotten: None
+                    seen = earlier[scoped] = await _within_window(conn, earlier[scoped], now)
                 if seen is not None:
                     results.append(_replayed(seen, req.digest))
                     continue

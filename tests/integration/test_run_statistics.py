@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from flowhook.clock import SystemClock
 from flowhook.config import Settings
@@ -24,6 +25,7 @@ from flowhook.events import make_event
 from flowhook.ids import pack_id
 from flowhook.service import Services
 from flowhook.store import events as events_store
+from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
@@ -37,7 +39,8 @@ FLOW: dict[str, Any] = {
     "name": "s",
     "steps": [{"id": "a", "type": "transform", "output": {"x": "{{ payload.x }}"}}],
 }
-LOOKUP = "SELECT run_id FROM runs WHERE workspace_id = $1 AND mode = $2 AND idempotency_key = $3"
+LOOKUP = str(runs_store._by_idempotency_keys("postgresql").compile(dialect=asyncpg_dialect()))
+"""The store's Idempotency-Key lookup as asyncpg prepares it: workspace, mode, keys."""
 
 
 @pytest.fixture
@@ -82,7 +85,7 @@ async def _lookup_plan(conn: Any, workspace_id: str) -> str:
     """The generic plan of the Idempotency-Key lookup (what a prepared statement keeps)."""
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        rows = await conn.fetch(f"EXPLAIN {LOOKUP}", pack_id(workspace_id), "test", "k")
+        rows = await conn.fetch(f"EXPLAIN {LOOKUP}", pack_id(workspace_id), "test", ["k"])
     return "\n".join(r[0] for r in rows)
 
 
