@@ -219,8 +219,7 @@ class RunService:
                     return started
             async with self._db.transaction() as conn:  # the flows already read: as good
                 return await self._start_many(conn, batch, flows)
-        except sa_exc.IntegrityError as _e:
-            print("INTEGRITY", _e)
+        except sa_exc.IntegrityError:
             # Another process committed the same Idempotency-Key first: redo one by one, so
             # each request answers as that key now dictates.
             results: list[Started | BaseException] = []

@@ -4,6 +4,7 @@ run; the figures are not judged here, only that each was measured and the report
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,24 @@ def test_the_progress_transaction_bench_runs_on_both_backends() -> None:
     for backend in backends:
         assert f"{backend}: claim p50 " in done.stdout, done.stdout
     assert done.stdout.count("progress transaction p50 ") == len(backends)
+
+
+def test_ab_alternates_two_checkouts_and_cleans_up(tmp_path: Path) -> None:
+    """bench/ab.sh, small: the base commit checked out beside this checkout, each measured
+    once per pair, the first of a pair flipped every pair, and nothing left behind (its
+    worktree and results live under TMPDIR)."""
+    command = ["bash", str(ROOT / "bench" / "ab.sh"), "HEAD", "2", "sqlite", "idle", "--smoke"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pairs = [line for line in done.stdout.splitlines() if line.startswith("== pair")]
+    assert pairs == [
+        "== pair 1: base HEAD",
+        "== pair 1: change",
+        "== pair 2: change",
+        "== pair 2: base HEAD",
+    ], done.stdout
+    assert done.stdout.count("idle execute → webhook p50 ms") == 4, done.stdout
+    assert list(tmp_path.iterdir()) == []
+    listed = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=ROOT)
+    assert str(tmp_path) not in listed.stdout

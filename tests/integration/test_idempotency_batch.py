@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import event
 
 from flowhook.clock import FakeClock
-from flowhook.errors import IdempotencyConflict
+from flowhook.errors import IdempotencyConflict, NotFound
 from flowhook.service import Services
 from flowhook.service.runs import IDEMPOTENCY_WINDOW, Started
 from flowhook.store import runs as runs_store
@@ -39,16 +39,22 @@ async def test_a_batch_reads_its_keys_once_and_answers_each_as_alone(
     b = await services.keys.authenticate(
         f"Bearer {(await services.keys.create(Mode.TEST, 'other')).key}"
     )
+    live = await services.keys.authenticate(
+        f"Bearer {(await services.keys.create(Mode.LIVE, 'acme')).key}"
+    )
     flow_a = (await services.flows.create(a, FLOW)).flow_id
     flow_b = (await services.flows.create(b, FLOW)).flow_id
+    flow_live = (await services.flows.create(live, FLOW)).flow_id
+    no_flow = "wf_01m820q4ddefvv66zvf1hagfbr"
 
     def start(who: Any, flow_id: str, x: int, key: str | None) -> Any:
         return services.runs.start(who, flow_id=flow_id, payload={"x": x}, idempotency_key=key)
 
     old = await start(a, flow_a, 1, "old")
+    stale = await start(a, flow_a, 7, "stale")
     clock.advance(IDEMPOTENCY_WINDOW.total_seconds() - 60)
     seen = await start(a, flow_a, 2, "seen")
-    clock.advance(120)  # "old" is past its window now, "seen" is not
+    clock.advance(120)  # "old" and "stale" are past their window now, "seen" is not
 
     lookups: list[str] = []
 
@@ -67,13 +73,17 @@ async def test_a_batch_reads_its_keys_once_and_answers_each_as_alone(
             start(a, flow_a, 4, "new"),
             start(a, flow_a, 4, "new"),  # repeats the batch's own run
             start(b, flow_b, 2, "seen"),  # another workspace's key
+            start(live, flow_live, 2, "seen"),  # the same workspace's other mode
+            start(a, no_flow, 7, "stale"),  # fails: the key is forgotten all the same
+            start(a, flow_a, 7, "stale"),  # so this starts a new run
             start(a, flow_a, 5, None),
             return_exceptions=True,
         )
     finally:
         event.remove(db.writer.sync_engine, "before_cursor_execute", count)
 
-    again, conflict, third, renewed, renewed_again, new, new_again, elsewhere, unkeyed = answers
+    (again, conflict, third, renewed, renewed_again, new, new_again, elsewhere, other_mode,
+     failed, restarted, unkeyed) = answers  # fmt: skip
     assert isinstance(again, Started) and again.replayed
     assert again.run.run_id == seen.run.run_id
     assert isinstance(conflict, IdempotencyConflict)
@@ -88,20 +98,27 @@ async def test_a_batch_reads_its_keys_once_and_answers_each_as_alone(
     assert new_again.run.run_id == new.run.run_id
     assert isinstance(elsewhere, Started) and not elsewhere.replayed
     assert elsewhere.run.run_id != seen.run.run_id
+    assert isinstance(other_mode, Started) and not other_mode.replayed
+    assert other_mode.run.run_id not in (seen.run.run_id, elsewhere.run.run_id)
+    assert isinstance(failed, NotFound)
+    assert isinstance(restarted, Started) and not restarted.replayed
+    assert restarted.run.run_id != stale.run.run_id
     assert isinstance(unkeyed, Started) and not unkeyed.replayed
-    # One batch, two scopes (acme and other, both sandbox): two reads of keys.
-    assert len(lookups) == 2, lookups
+    # One batch, three scopes (acme's sandbox, other's sandbox, acme live): three reads.
+    assert len(lookups) == 3, lookups
 
     # What was committed answers the same way afterwards, one request at a time.
     assert (await start(a, flow_a, 1, "old")).run.run_id == renewed.run.run_id
     assert (await start(a, flow_a, 4, "new")).run.run_id == new.run.run_id
     assert (await start(b, flow_b, 2, "seen")).run.run_id == elsewhere.run.run_id
+    assert (await start(live, flow_live, 2, "seen")).run.run_id == other_mode.run.run_id
+    assert (await start(a, flow_a, 7, "stale")).run.run_id == restarted.run.run_id
     ids = {
         r.run_id
         for r in (await services.runs.list(a, limit=100, cursor=None)).data  # acme's sandbox runs
     }
-    assert ids == {old.run.run_id, seen.run.run_id, renewed.run.run_id, new.run.run_id,
-                   unkeyed.run.run_id}  # fmt: skip
+    assert ids == {old.run.run_id, stale.run.run_id, seen.run.run_id, renewed.run.run_id,
+                   restarted.run.run_id, new.run.run_id, unkeyed.run.run_id}  # fmt: skip
 
 
 async def test_the_keys_read_on_sqlite_searches_the_unique_index(tmp_path: Path) -> None:
