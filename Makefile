@@ -3,12 +3,22 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export FLOWHOOK_TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
+# pytest-xdist workers: more than the cores, as most of a test's time is waiting on a server,
+# a database or a subprocess.
+WORKERS ?= 4
+# A lane's pytest options (make test PYTEST_ARGS='-x tests/unit'); a file alone runs fastest
+# as `.venv/bin/pytest tests/unit/test_retry.py` (no coverage, no workers).
+PYTEST_ARGS ?=
 
-.PHONY: help install serve test lint format typecheck check bench clean
+.PHONY: help install serve test soak lint format typecheck check bench clean
 
 help:
 	@echo "make serve      set up and start Flowhook on SQLite (http://127.0.0.1:8080)"
-	@echo "make test       set up, make sure PostgreSQL is up, run every test"
+	@echo "make test       the gate: set up, make sure PostgreSQL is up, run every test but the soak lane"
+	@echo "                (WORKERS=4 xdist workers, coverage with its floor; ~15 min on 2 cores)"
+	@echo "make soak       the soak lane: chaos, benchmark smoke, scale-out, flow-control scale,"
+	@echo "                the PostgreSQL restart, the stateful OpenAPI fuzz (tests marked soak)"
+	@echo "one file, fast: .venv/bin/pytest tests/unit/test_retry.py  (add -n 4 for a large one)"
 	@echo "make check      ruff, format check and mypy"
 	@echo "make bench      the benchmark suite on SQLite and PostgreSQL (see bench/README.md)"
 
@@ -29,8 +39,13 @@ test: install
 	scripts/ensure-wrk
 	scripts/ensure-tmux
 	scripts/ensure-node
-	$(BIN)/pytest --cov -m "not no_tracer"
-	$(BIN)/pytest -m no_tracer
+	$(BIN)/pytest -n $(WORKERS) --cov -m "not soak and not no_tracer" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(WORKERS) -m "not soak and no_tracer" $(PYTEST_ARGS)
+
+soak: install
+	scripts/ensure-postgres
+	scripts/ensure-wrk
+	$(BIN)/pytest -n 2 -m soak --timeout 900 $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
@@ -151,7 +152,11 @@ def serve(
         typer.Option(help="Overrides FLOWHOOK_HOST (default 127.0.0.1).", show_default=False),
     ] = None,
     port: Annotated[
-        int | None, typer.Option(help="Overrides FLOWHOOK_PORT (default 8080).", show_default=False)
+        int | None,
+        typer.Option(
+            help="Overrides FLOWHOOK_PORT (default 8080); 0 takes a free port and prints it.",
+            show_default=False,
+        ),
     ] = None,
     database_url: DatabaseOpt = None,
     access_log: AccessLogOpt = False,
@@ -170,6 +175,11 @@ def serve(
     from flowhook.peer import EngineProcess
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
+    listener = None
+    if settings.port == 0:  # any free port: bound here, so every part is told the real one
+        listener = _bind_any_port(settings.host)
+        settings = settings.model_copy(update={"port": listener.getsockname()[1]})
+        print(f"listening on http://{settings.host}:{settings.port}", flush=True)
     base = f"http://{settings.host}:{settings.port}"
     split = not single_process  # both backends: the API keeps a core of its own
     server: uvicorn.Server | None = None
@@ -209,9 +219,23 @@ def serve(
     )
     tune_for_server()
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=[listener] if listener is not None else None)
     if engine is not None and engine.failed:
         raise typer.Exit(1)
+
+
+def _bind_any_port(host: str) -> socket.socket:
+    """A listening socket on ``host`` and a port the kernel chose (FLOWHOOK_PORT=0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), 0))
+    except OSError as exc:
+        sock.close()
+        err_console.print(f"[red]error:[/red] cannot listen on {host}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    return sock
 
 
 @app.command(hidden=True)
@@ -221,8 +245,6 @@ def engine(
 ) -> None:
     """The engine process of `flowhook serve` (started by it, not by hand): the worker, the
     webhook dispatcher, the scheduler and retention, woken by the API process."""
-    import socket
-
     import uvloop
 
     from flowhook.peer import die_with_parent
@@ -251,8 +273,13 @@ def api(
     """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
     settings = _server_settings(host=host, port=port, database_url=database_url)
     _with_db(settings, lambda db: _noop())
+    listener = _bind_any_port(settings.host) if settings.port == 0 else None
+    if listener is not None:
+        settings = settings.model_copy(update={"port": listener.getsockname()[1]})
+        print(f"listening on http://{settings.host}:{settings.port}", flush=True)
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
-    uvicorn.run(
+    os.environ["FLOWHOOK_PORT"] = str(settings.port)
+    config = uvicorn.Config(
         "flowhook.api.app:api_app",
         factory=True,
         host=settings.host,
@@ -266,6 +293,15 @@ def api(
         timeout_keep_alive=int(settings.http_keep_alive),
         timeout_graceful_shutdown=int(settings.shutdown_grace),
     )
+    if workers > 1:  # as uvicorn.run does it, on the socket bound here when there is one
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, sockets=[listener or config.bind_socket()]).run()
+        return
+    server = uvicorn.Server(config)
+    server.run(sockets=[listener] if listener is not None else None)
+    if not server.started:
+        raise typer.Exit(3)  # uvicorn.run's exit for a server that could not start
 
 
 async def _noop() -> None:

@@ -29,7 +29,8 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite:///./flowhook.db"
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=1, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)
+    """0: `flowhook serve` binds a free port and prints it (``listening on http://…``)."""
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
     log_level: str = "info"
     log_format: str = Field(default="json", pattern="^(json|text)$")

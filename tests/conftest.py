@@ -7,6 +7,7 @@ under CI (``CI=true``) a missing database is a failure, never a skip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -23,7 +24,7 @@ from aiohttp import web
 from fastapi import FastAPI
 
 from flowhook.api.app import create_app
-from flowhook.clock import SystemClock
+from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
 from flowhook.service import Principal, Services
 from flowhook.store.db import Database
@@ -193,7 +194,15 @@ class Api:
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[Api]:
-    app = create_app(settings)
+    async with open_api(settings) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def open_api(settings: Settings, clock: Clock | None = None) -> AsyncIterator[Api]:
+    """The app with its worker in-process (on ``clock``, the system's by default) and an
+    :class:`Api` client with keys for two workspaces in both modes."""
+    app = create_app(settings, clock=clock)
     async with app.router.lifespan_context(app):
         services: Services = app.state.services
         keys = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -77,20 +78,41 @@ class Server:
         raise AssertionError(f"{label!r} not printed:\n" + "".join(self.output))
 
 
+LISTENING = re.compile(r"^listening on http://[^\s]+:(\d+)$")
+
+
+def listening_port(output: list[str]) -> int | None:
+    """The port `flowhook serve` printed it took (FLOWHOOK_PORT=0), once it has."""
+    for line in output:
+        if found := LISTENING.match(line.strip()):
+            return int(found.group(1))
+    return None
+
+
 @contextmanager
 def serve(
     cwd: Path,
     database_url: str,
     command: str = "serve",
     args: tuple[str, ...] = (),
+    split: bool = False,
     **env_extra: str,
 ) -> Iterator[Server]:
-    port = free_port()
+    """A `flowhook serve` (or ``command``) process on a port the kernel chose: the server binds
+    port 0 and prints the port, so two tests (or xdist workers) never race for one. Stopped
+    with SIGTERM at the end.
+
+    `serve` runs with ``--single-process`` (one interpreter to start, not two) unless
+    ``split``: a test about the API and engine processes, or one that kills the server as
+    users run it, asks for the pair."""
+    if command == "serve" and not split and "--single-process" not in args:
+        args = (*args, "--single-process")
+    chosen = env_extra.get("FLOWHOOK_PORT")
     env = {
         **os.environ,
         **secret_key_env(database_url),
         "FLOWHOOK_DATABASE_URL": database_url,
-        "FLOWHOOK_PORT": str(port),
+        "FLOWHOOK_PORT": "0",
         **env_extra,
     }
     proc = subprocess.Popen(
@@ -105,7 +127,8 @@ def serve(
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []], daemon=True)
     reader.start()
     output: list[str] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
+    port = int(chosen) if chosen else None
 
     def drain() -> None:
         while True:
@@ -119,6 +142,10 @@ def serve(
             drain()
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("server did not start:\n" + "".join(output))
+            port = port or listening_port(output)
+            if port is None:
+                time.sleep(0.05)
+                continue
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
                     break

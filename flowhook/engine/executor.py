@@ -543,10 +543,10 @@ class Executor:
             )
             latest = sorted([*mine, *counted], reverse=True)[:limit]
             start = throttle_start(latest, limit, period, now)
-            mine.append(start)
             values.update(throttle_at=start, throttle_key=key)
-            if start > now:
+            if start > now:  # the hold writes its reserved start now: the store counts it
                 return await hold(conn, control_store.THROTTLE, until=start)
+            mine.append(start)  # written after every hook: until then, counted here
             return True
 
         if control.concurrency is not None and run.concurrency_slot is None:

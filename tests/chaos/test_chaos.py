@@ -22,7 +22,7 @@ import pytest
 from bench.harness import private_postgres_missing
 from tests.conftest import IN_CI
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import IN_CI, PG_URL
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = [

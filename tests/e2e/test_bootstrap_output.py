@@ -13,18 +13,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import FLOWHOOK, free_port, secret_key_env
+from tests.support import FLOWHOOK, listening_port, secret_key_env
 
 pytestmark = pytest.mark.e2e
 
 
 def run_serve(cwd: Path, database_url: str) -> tuple[str, str]:
-    """Start `flowhook serve`, wait until it answers, stop it: (stdout, stderr)."""
-    port = free_port()
+    """Start `flowhook serve` on a free port, wait until it answers, stop it: (stdout, stderr)."""
     env = {
         **os.environ,
         "FLOWHOOK_DATABASE_URL": database_url,
-        "FLOWHOOK_PORT": str(port),
+        "FLOWHOOK_PORT": "0",
         "FLOWHOOK_LOG_FORMAT": "json",
         "FLOWHOOK_LOG_LEVEL": "info",
         **secret_key_env(database_url),
@@ -37,8 +36,13 @@ def run_serve(cwd: Path, database_url: str) -> tuple[str, str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    first = ""
     try:
-        deadline = time.monotonic() + 30
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the port it took comes first
+        port = listening_port([first])
+        assert port is not None, f"serve printed no port first: {first!r}"
+        deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
             try:
@@ -49,7 +53,7 @@ def run_serve(cwd: Path, database_url: str) -> tuple[str, str]:
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-    return out, err
+    return first + out, err
 
 
 def test_bootstrap_keys_reach_the_terminal_and_never_the_json_log(

@@ -52,7 +52,7 @@ def test_kill_9_then_restart_completes_the_run(
             {"id": "last", "type": "python", "function": "count"},
         ],
     }
-    with serve(tmp_path, database_url, **env) as server:
+    with serve(tmp_path, database_url, split=True, **env) as server:
         key = server.value("sandbox key")
         auth = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
@@ -73,7 +73,7 @@ def test_kill_9_then_restart_completes_the_run(
         server.proc.wait()
 
     with (
-        serve(tmp_path, database_url, **env) as again,
+        serve(tmp_path, database_url, split=True, **env) as again,
         httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
     ):
 
@@ -123,7 +123,7 @@ def test_kill_9_while_runs_wait_for_signals_and_approvals(
             {"id": "after", "type": "python", "function": "count"},
         ],
     }
-    with serve(tmp_path, database_url, **env) as server:
+    with serve(tmp_path, database_url, split=True, **env) as server:
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
         with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
             flow_id = client.post("/api/v1/flows", json=definition).json()["flow_id"]
@@ -186,7 +186,7 @@ def test_kill_9_while_runs_wait_for_signals_and_approvals(
         )
 
     with (
-        serve(tmp_path, database_url, **env) as again,
+        serve(tmp_path, database_url, split=True, **env) as again,
         httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
     ):
 

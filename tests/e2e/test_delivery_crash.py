@@ -47,7 +47,7 @@ def test_kill_9_mid_attempt_then_restart_delivers(tmp_path: Path, database_url: 
         "FLOWHOOK_LOG_LEVEL": "warning",
     }
     try:
-        with serve(tmp_path, database_url, **env) as server:
+        with serve(tmp_path, database_url, split=True, **env) as server:
             auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
             flow_id = server.value("example flow")
             with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
@@ -63,7 +63,7 @@ def test_kill_9_mid_attempt_then_restart_delivers(tmp_path: Path, database_url: 
             server.proc.send_signal(signal.SIGKILL)
             server.proc.wait()
         with (
-            serve(tmp_path, database_url, **env) as again,
+            serve(tmp_path, database_url, split=True, **env) as again,
             httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
         ):
             wait_for(lambda: len(Hook.seen) >= 2)

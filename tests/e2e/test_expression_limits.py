@@ -16,7 +16,7 @@ import pytest
 from tests.support import FLOWHOOK, secret_key_env, serve
 
 # Runs without coverage (see the no_tracer marker in pyproject.toml).
-pytestmark = [pytest.mark.e2e, pytest.mark.no_tracer]
+pytestmark = [pytest.mark.e2e, pytest.mark.no_tracer, pytest.mark.soak]  # measures latency
 
 SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 """Runs far past the 1 s bound."""

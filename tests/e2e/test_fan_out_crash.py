@@ -81,7 +81,7 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
             {"id": "ship", "type": "http", "request": {**post, "json": {"i": "child"}}},
         ],
     }
-    with serve(tmp_path, database_url, **env) as server:
+    with serve(tmp_path, database_url, split=True, **env) as server:
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
         with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
             child_id = client.post("/api/v1/flows", json=child).json()["flow_id"]
@@ -119,7 +119,7 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
     assert "child" not in seen and "after" not in seen  # the parallel was still in its delays
 
     with (
-        serve(tmp_path, database_url, **env) as again,
+        serve(tmp_path, database_url, split=True, **env) as again,
         httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
     ):
 

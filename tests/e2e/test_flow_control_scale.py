@@ -29,7 +29,7 @@ from tests.e2e.test_scale_out import ROOT, api_key, wait_for
 from tests.integration.test_flow_control import peak_overlap
 from tests.support import serve, worker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 
 def _env(**extra: str) -> dict[str, str]:

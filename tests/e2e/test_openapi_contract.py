@@ -24,7 +24,7 @@ import pytest
 
 from tests.support import Server, serve
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))

@@ -20,7 +20,7 @@ from bench.harness import PrivatePostgres, private_postgres_missing
 from tests.conftest import IN_CI
 from tests.support import serve
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 
 @pytest.fixture

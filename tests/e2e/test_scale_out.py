@@ -24,7 +24,7 @@ import pytest
 
 from tests.support import serve, wait_for, worker
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 ROOT = Path(__file__).resolve().parents[2]
 FLOW = {
     "name": "three",

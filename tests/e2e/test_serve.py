@@ -32,7 +32,7 @@ def poll_run(client: httpx.Client, run_id: str, key: str) -> dict[str, object]:
 def test_first_start_prints_keys_and_the_example_flow_runs(
     tmp_path: Path, database_url: str
 ) -> None:
-    with serve(tmp_path, database_url) as server:
+    with serve(tmp_path, database_url, split=True) as server:
         key = server.value("sandbox key")
         live = server.value("live key")
         flow_id = server.value("example flow")
@@ -64,7 +64,7 @@ def test_first_start_prints_keys_and_the_example_flow_runs(
             assert r.status_code == 404
             assert client.get("/readyz").status_code == 200
     # A second start on the same database seeds nothing and prints no keys.
-    with serve(tmp_path, database_url) as again:
+    with serve(tmp_path, database_url, split=True) as again:
         assert not any("sandbox key" in line for line in again.output)
 
 

@@ -129,7 +129,7 @@ def test_two_processes_run_a_flow_and_send_its_webhook(
     tmp_path: Path, receiver: str, serve_url: str
 ) -> None:
     """On both backends: on PostgreSQL too the API keeps its own process (and core)."""
-    with serve(tmp_path, serve_url, **env_for(serve_url)) as server:
+    with serve(tmp_path, serve_url, split=True, **env_for(serve_url)) as server:
         engine = engine_of(server)
         assert engine != server.proc.pid and alive(engine)
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
@@ -149,7 +149,7 @@ def test_two_processes_run_a_flow_and_send_its_webhook(
 
 def test_events_the_engine_commits_reach_the_api_process_streams(tmp_path: Path) -> None:
     env = {**ENV, "FLOWHOOK_STREAM_POLL_INTERVAL": "60", "FLOWHOOK_STREAM_HEARTBEAT": "60"}
-    with serve(tmp_path, sqlite_url(tmp_path), **env) as server:
+    with serve(tmp_path, sqlite_url(tmp_path), split=True, **env) as server:
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
         flow_id = server.value("example flow")
         with (
@@ -170,7 +170,7 @@ def test_events_the_engine_commits_reach_the_api_process_streams(tmp_path: Path)
 
 
 def test_sigterm_to_the_engine_alone_stops_both(tmp_path: Path) -> None:
-    with serve(tmp_path, sqlite_url(tmp_path), **ENV) as server:
+    with serve(tmp_path, sqlite_url(tmp_path), split=True, **ENV) as server:
         engine = engine_of(server)
         os.kill(engine, signal.SIGTERM)
         assert server.proc.wait(timeout=40) == 0  # an orderly stop, not a failure
@@ -196,7 +196,7 @@ def test_kill_9_of_either_stops_the_other_and_a_restart_finishes_the_runs(
     tmp_path: Path, victim: str, serve_url: str
 ) -> None:
     url, env = serve_url, env_for(serve_url)
-    with serve(tmp_path, url, **env) as server:
+    with serve(tmp_path, url, split=True, **env) as server:
         auth = {"Authorization": f"Bearer {server.value('sandbox key')}"}
         engine = engine_of(server)
         with httpx.Client(base_url=server.base, headers=auth, timeout=10) as client:
@@ -212,7 +212,7 @@ def test_kill_9_of_either_stops_the_other_and_a_restart_finishes_the_runs(
             server.proc.wait()
             wait_for(lambda: not alive(engine), timeout=10)  # the kernel killed it too
     with (
-        serve(tmp_path, url, **env) as again,
+        serve(tmp_path, url, split=True, **env) as again,
         httpx.Client(base_url=again.base, headers=auth, timeout=10) as client,
     ):
         wait_for(lambda: all(status(client, r) == "completed" for r in run_ids), timeout=60)

@@ -277,7 +277,7 @@ def test_sigterm_with_open_streams_exits_promptly(
                 headers=auth(key),
             )
             flow_id = r.json()["flow_id"]
-    with serve(tmp_path, database_url, command, **env) as server:
+    with serve(tmp_path, database_url, command, split=True, **env) as server:
         with httpx.Client(base_url=server.base, timeout=30) as c:
             run_id = start(c, key, flow_id)  # waits for a signal (serve) or stays queued (api)
         ended: list[str] = []
@@ -344,7 +344,7 @@ memory: under 0.25 MiB a stream (measured: about 11 MiB for the 200)."""
 
 def test_200_streams_on_one_process_get_every_event(tmp_path: Path, database_url: str) -> None:
     env = {**ENV, "FLOWHOOK_MAX_STREAMS_PER_KEY": str(STREAMS), "FLOWHOOK_RATE_LIMIT": "0"}
-    with serve(tmp_path, database_url, **env) as server:
+    with serve(tmp_path, database_url, split=True, **env) as server:  # the API process's RSS
         key = server.value("sandbox key")
         with httpx.Client(base_url=server.base, timeout=30) as c:
             flow_id = naps_flow(c, key, steps=2, seconds=0)
