@@ -352,9 +352,7 @@ class Dispatcher(Consumer):
         for _ in range(1 + REPACE):
             async with self.db.transaction() as conn:
                 slot = await store.reserve_send(conn, due.endpoint_id, self.clock.now())
-            wait = (slot - self.clock.now()).total_seconds()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await self.clock.sleep_until(slot)
             if (self.clock.now() - slot).total_seconds() <= LATE:
                 return
 

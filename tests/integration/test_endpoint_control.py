@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from sqlalchemy import select, update
 
-from flowhook.clock import SystemClock
+from flowhook.clock import FakeClock
 from flowhook.events import make_event
 from flowhook.ids import new_id
 from flowhook.service import Services
@@ -144,29 +143,38 @@ async def test_a_stall_does_not_let_the_slots_it_missed_go_at_once(
     ep = await services.webhooks.create_endpoint(
         who, url="http://127.0.0.1:9/", events=["flow.completed"], rate_limit=10
     )
-    d = Dispatcher(db, SystemClock(), Wakeup(), owner="d1")
+    clock = FakeClock(datetime.now(UTC))
+    t0 = clock.now()
+    d = Dispatcher(db, clock, Wakeup(), owner="d1")
     due = webhooks_store.DueDelivery(
         id="dlv_x", event_id="evt_x", event_type="flow.completed", endpoint_id=ep.id,
         attempts=1, body=b"{}", url=ep.url, enabled=True, secret="s", previous_secret=None,
-        previous_secret_expires_at=None, failing_since=None, created_at=datetime.now(UTC), rate_limit=10,
+        previous_secret_expires_at=None, failing_since=None, created_at=t0, rate_limit=10,
     )  # fmt: skip
     went: list[float] = []
 
     async def paced() -> None:
         await d._paced(due)
-        went.append(time.monotonic())
+        went.append((clock.now() - t0).total_seconds())
 
-    started = time.monotonic()
+    async def settled() -> None:
+        """Until every delivery has gone or sleeps for its slot: nothing moves until the
+        clock does."""
+        async with asyncio.timeout(10):
+            while len(went) + clock.sleepers < 8:
+                await asyncio.sleep(0.005)
+
     tasks = [asyncio.create_task(paced()) for _ in range(8)]  # slots 0, 0.1, ..., 0.7 s
-    while not went:
-        await asyncio.sleep(0.005)
-    while time.monotonic() - started < 0.05:
-        await asyncio.sleep(0.005)
-    time.sleep(0.52)  # the stall: slots 0.1-0.4 s pass while the loop is blocked
+    await settled()
+    assert went == [0.0]
+    clock.advance(0.52)  # the stall: slots 0.1-0.5 pass while the process is stopped
+    while len(went) < 8:
+        await settled()
+        clock.advance(0.01)
     await asyncio.gather(*tasks)
     gaps = [b - a for a, b in itertools.pairwise(sorted(went))]
     assert min(gaps) >= 0.1 - LATE - 0.01, gaps  # before: four went within a millisecond
-    assert sorted(went)[-1] - started >= 1.0, went  # four slots were taken again, at the end
+    assert sorted(went)[-1] >= 1.0, went  # four slots were taken again, at the end
 
 
 async def test_bad_controls_answer_400_naming_the_field(api: Api, receiver: Receiver) -> None:
