@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime, timedelta, timezone
 
-from flowhook.clock import FakeClock, isoformat
+from flowhook.clock import FakeClock, SystemClock, isoformat
 from flowhook.ids import _base32, _base32_128, is_id, new_id
 
 
@@ -43,3 +44,35 @@ def test_fake_clock_moves_only_when_told() -> None:
     assert clock.now() == start
     clock.advance(30)
     assert clock.now() - start == timedelta(seconds=30)
+
+
+async def test_a_fake_clock_wakes_its_sleepers_when_moved_past_their_time() -> None:
+    clock = FakeClock()
+    t0 = clock.now()
+    woke: list[float] = []
+
+    async def sleeper(seconds: float) -> None:
+        await clock.sleep_until(t0 + timedelta(seconds=seconds))
+        woke.append((clock.now() - t0).total_seconds())
+
+    tasks = [asyncio.create_task(sleeper(s)) for s in (0, 1, 2)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert (woke, clock.sleepers) == ([0.0], 2)  # a time already come does not sleep
+    clock.advance(0.5)
+    await asyncio.sleep(0)
+    assert (woke, clock.sleepers) == ([0.0], 2)
+    clock.advance(1.0)  # past the first: it wakes, the other sleeps on
+    await asyncio.wait_for(tasks[1], 1)
+    assert (woke, clock.sleepers) == ([0.0, 1.5], 1)
+    tasks[2].cancel()  # a cancelled sleeper is forgotten
+    await asyncio.gather(tasks[2], return_exceptions=True)
+    assert clock.sleepers == 0 and clock._sleepers == []
+
+
+async def test_the_system_clock_sleeps_until_its_time() -> None:
+    clock = SystemClock()
+    until = clock.now() + timedelta(milliseconds=20)
+    await clock.sleep_until(until)
+    assert clock.now() >= until
+    await clock.sleep_until(until - timedelta(seconds=1))  # a past time returns at once
