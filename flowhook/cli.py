@@ -1,8 +1,13 @@
-"""The ``flowhook`` command: serve, migrate, keys."""
+"""The ``flowhook`` command: serve, migrate, keys.
+
+The server stack (uvicorn, the store, the services) is imported by the commands that use it,
+inside them: the remote commands (:mod:`flowhook.cli_remote`) and ``--help`` start with the
+SDK and the CLI alone, in a fraction of the time."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import os
@@ -11,24 +16,16 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from flowhook import tracing
-from flowhook.clock import SystemClock, isoformat
-from flowhook.config import Settings
-from flowhook.errors import FlowhookError, SecretKeyError
-from flowhook.gctune import tune_for_server
-from flowhook.service.auth import KeyService
-from flowhook.service.bootstrap import EXAMPLE_PAYLOAD, Bootstrapped
-from flowhook.store.crypto import Keyring, generate_key
-from flowhook.store.db import Database
-from flowhook.store.migrate import migrate
-from flowhook.store.models import Mode
+if TYPE_CHECKING:
+    from flowhook.config import Settings
+    from flowhook.service.bootstrap import Bootstrapped
+    from flowhook.store.db import Database
 
 __all__ = ["app", "main"]
 
@@ -57,7 +54,16 @@ DatabaseOpt = Annotated[
 ]
 
 
+class KeyMode(enum.StrEnum):
+    """A key's mode, as the options take it (the store's ``Mode``, without importing it)."""
+
+    TEST = "test"
+    LIVE = "live"
+
+
 def _settings(**overrides: Any) -> Settings:
+    from flowhook.config import Settings
+
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
@@ -78,6 +84,8 @@ def _server_settings(**overrides: Any) -> Settings:
 
 
 def _database(settings: Settings) -> Database:
+    from flowhook.store.db import Database
+
     return Database(
         settings.database_url,
         sqlite_synchronous=settings.sqlite_synchronous,
@@ -88,6 +96,9 @@ def _database(settings: Settings) -> Database:
 def _check_secret_key(settings: Settings) -> None:
     """Stop before serving when the secret key is missing or malformed (on SQLite without
     one, this makes the key file, and says so)."""
+    from flowhook.errors import SecretKeyError
+    from flowhook.store.crypto import Keyring
+
     try:
         Keyring(settings.secret_key, settings.database_url).box()
     except SecretKeyError as exc:
@@ -96,6 +107,9 @@ def _check_secret_key(settings: Settings) -> None:
 
 
 def _with_db(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    from flowhook.errors import FlowhookError
+    from flowhook.store.migrate import migrate
+
     async def go() -> T:
         db = _database(settings)
         try:
@@ -120,6 +134,8 @@ def _configure_logging(settings: Settings) -> None:
 def _print_welcome(seeded: Bootstrapped, base: str) -> None:
     """The first-start keys go to standard output once, as plain text, never through the
     logger: in JSON-log mode the log (standard error) records only that they were made."""
+    from flowhook.service.bootstrap import EXAMPLE_PAYLOAD
+
     body = json.dumps({"flow_id": seeded.flow_id, "payload": EXAMPLE_PAYLOAD})
     lines = [
         "",
@@ -171,7 +187,10 @@ def serve(
     """Run the API and the engine (SQLite by default) as two processes, started and stopped
     together: this one serves HTTP, its engine process runs the worker, the webhook
     dispatcher, the scheduler and retention. If either ends, so does the other."""
+    import uvicorn
+
     from flowhook.api.app import create_app
+    from flowhook.gctune import tune_for_server
     from flowhook.peer import EngineProcess
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
@@ -247,6 +266,7 @@ def engine(
     webhook dispatcher, the scheduler and retention, woken by the API process."""
     import uvloop
 
+    from flowhook.gctune import tune_for_server
     from flowhook.peer import die_with_parent
 
     if not die_with_parent(parent_pid):
@@ -271,6 +291,8 @@ def api(
     access_log: AccessLogOpt = False,
 ) -> None:
     """Run the HTTP API only (no engine): scale it out beside `flowhook worker` processes."""
+    import uvicorn
+
     settings = _server_settings(host=host, port=port, database_url=database_url)
     _with_db(settings, lambda db: _noop())
     listener = _bind_any_port(settings.host) if settings.port == 0 else None
@@ -319,6 +341,8 @@ def worker(
     """Run the engine, the webhook dispatcher, the scheduler and retention, without HTTP.
     SIGTERM drains: no new work, FLOWHOOK_SHUTDOWN_GRACE seconds for what is in flight, then
     unfinished runs are handed back to the other workers."""
+    from flowhook.gctune import tune_for_server
+
     settings = _server_settings(worker_concurrency=concurrency, database_url=database_url)
     tune_for_server()
     asyncio.run(_work(settings))
@@ -327,9 +351,12 @@ def worker(
 async def _work(settings: Settings, peer: Any = None) -> None:
     """The engine until SIGTERM or SIGINT (or, for ``serve``'s engine process, until its API
     process is gone: ``peer`` is the socket shared with it)."""
+    from flowhook import tracing
+    from flowhook.clock import SystemClock
     from flowhook.peer import PeerLink, attach_engine, log_lock_waits
     from flowhook.runtime import Runtime
     from flowhook.service import Services
+    from flowhook.store.migrate import migrate
 
     db = _database(settings)
     stop = asyncio.Event()
@@ -381,6 +408,9 @@ def prune(
     """Prune now what retention allows: finished runs older than the retention period, with
     their history; delivered events' bodies older than FLOWHOOK_DELIVERY_RETENTION_DAYS; then,
     on SQLite, give the freed pages back to the file system."""
+    from flowhook.clock import SystemClock
+    from flowhook.gctune import tune_for_server
+
     settings = _settings(database_url=database_url)
     tune_for_server()  # a full collection mid-batch would hold the writer for its length
 
@@ -437,7 +467,7 @@ def migrate_cmd(database_url: DatabaseOpt = None) -> None:
 
 @keys_app.command("create")
 def keys_create(
-    mode: Annotated[Mode, typer.Option("--mode", help="test (sandbox) or live.")],
+    mode: Annotated[KeyMode, typer.Option("--mode", help="test (sandbox) or live.")],
     workspace: Annotated[
         str, typer.Option("--workspace", help="Created when missing.")
     ] = "default",
@@ -445,11 +475,17 @@ def keys_create(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Create an API key; the key is printed once and stored only as a hash."""
+    from flowhook.clock import SystemClock
+    from flowhook.service.auth import KeyService
+    from flowhook.store.models import Mode
+
     settings = _settings(database_url=database_url)
     if not workspace.strip() or len(workspace) > 200:
         err_console.print("[red]error:[/red] --workspace must be 1 to 200 characters")
         raise typer.Exit(2)
-    created = _with_db(settings, lambda db: KeyService(db, SystemClock()).create(mode, workspace))
+    created = _with_db(
+        settings, lambda db: KeyService(db, SystemClock()).create(Mode(mode), workspace)
+    )
     if as_json:
         print(json.dumps({"key": created.key, "workspace": workspace, "mode": str(mode)}))
     else:
@@ -465,6 +501,9 @@ def keys_list(
     database_url: DatabaseOpt = None,
 ) -> None:
     """List API keys (their prefixes; the keys themselves are never stored)."""
+    from flowhook.clock import SystemClock, isoformat
+    from flowhook.service.auth import KeyService
+
     settings = _settings(database_url=database_url)
     keys = _with_db(settings, lambda db: KeyService(db, SystemClock()).list(workspace))
     rows = [
@@ -495,6 +534,9 @@ def keys_revoke(
     database_url: DatabaseOpt = None,
 ) -> None:
     """Revoke an API key: every running server refuses it within a second."""
+    from flowhook.clock import SystemClock
+    from flowhook.service.auth import KeyService
+
     settings = _settings(database_url=database_url)
     key = _with_db(settings, lambda db: KeyService(db, SystemClock()).revoke(key_id))
     console.print(f"revoked {key.id} ({key.prefix}…)")
@@ -503,6 +545,8 @@ def keys_revoke(
 @secrets_app.command("generate-key")
 def secrets_generate_key() -> None:
     """Print a new key for FLOWHOOK_SECRET_KEY (32 random bytes, URL-safe base64)."""
+    from flowhook.store.crypto import generate_key
+
     print(generate_key())
 
 
