@@ -39,8 +39,8 @@ test: install
 	scripts/ensure-wrk
 	scripts/ensure-tmux
 	scripts/ensure-node
-	$(BIN)/pytest -n $(WORKERS) --cov -m "not soak and not no_tracer" $(PYTEST_ARGS)
-	$(BIN)/pytest -n $(WORKERS) -m "not soak and no_tracer" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov -m "not soak and not no_tracer" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal -m "not soak and no_tracer" $(PYTEST_ARGS)
 
 soak: install
 	scripts/ensure-postgres
