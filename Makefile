@@ -45,7 +45,7 @@ test: install
 soak: install
 	scripts/ensure-postgres
 	scripts/ensure-wrk
-	$(BIN)/pytest -n 2 -m soak --timeout 900 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist worksteal -m soak --timeout 900 $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
