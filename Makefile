@@ -39,13 +39,13 @@ test: install
 	scripts/ensure-wrk
 	scripts/ensure-tmux
 	scripts/ensure-node
-	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov -m "not soak and not no_tracer" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov -m "not soak and not no_tracer" --durations=30 $(PYTEST_ARGS)
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal -m "not soak and no_tracer" $(PYTEST_ARGS)
 
 soak: install
 	scripts/ensure-postgres
 	scripts/ensure-wrk
-	$(BIN)/pytest -n 2 --dist worksteal -m soak --timeout 900 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist worksteal -m soak --timeout 900 --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
