@@ -185,6 +185,15 @@ def _step_schema(kind: str) -> dict[str, Any]:
     }
 
 
+RESERVED_OUTPUT_FIELDS = {
+    "status": "the run's status",
+    "steps_executed": "how many steps ran",
+    "duration_ms": "how long the run took",
+}
+"""The fields SPEC §6 fixes in ``flow.completed``'s payload, beside the flow's output: an
+output field of one of these names would be overwritten there, so a definition may not use
+them."""
+
 _KEY: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
@@ -246,7 +255,13 @@ FLOW_SCHEMA: dict[str, Any] = {
                 {"type": "string", "minLength": 1, "maxLength": 2000},
             ],
         },
-        "output": {"type": "object"},
+        "output": {
+            "description": "The run's output (its values may be expressions). Not "
+            "`status`, `steps_executed` or `duration_ms`: flow.completed sets those itself "
+            "beside the output's fields.",
+            "type": "object",
+            "propertyNames": {"not": {"enum": list(RESERVED_OUTPUT_FIELDS)}},
+        },
         "steps": {
             "type": "array",
             "minItems": 1,

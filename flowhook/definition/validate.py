@@ -14,7 +14,7 @@ from jsonschema.exceptions import ValidationError, best_match
 
 from flowhook.definition.expressions import ExpressionError, compile_value, referenced_steps
 from flowhook.definition.requests import request_problem
-from flowhook.definition.schema import FLOW_SCHEMA
+from flowhook.definition.schema import FLOW_SCHEMA, RESERVED_OUTPUT_FIELDS
 from flowhook.errors import InvalidDefinition
 from flowhook.targets import TargetRefused, check_url
 
@@ -120,6 +120,8 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
     of the flow. An ``http`` step's literal parts are checked as they will be sent: its
     method and headers, and its URL against the target guard (a URL whose host is templated
     is checked when the step runs)."""
+    if isinstance(definition, dict):  # before the schema, which states it in its own words
+        _check_output_names(definition.get("output"))
     error = best_match(_validator.iter_errors(definition), key=_relevance)
     if error is not None:
         raise _schema_error(error, definition)
@@ -176,6 +178,19 @@ def _check_step(placed: _Placed, ids: set[str], *, allow_private_targets: bool) 
     if step["type"] == "http":
         _check_request(step["request"], f"{placed.field}.request", label,
                        allow_private_targets=allow_private_targets)  # fmt: skip
+
+
+def _check_output_names(output: Any) -> None:
+    if not isinstance(output, dict):
+        return
+    for name, meaning in RESERVED_OUTPUT_FIELDS.items():
+        if name in output:
+            raise InvalidDefinition(
+                f"output: definition.output.{name} cannot be used: flow.completed sets "
+                f"{name!r} itself ({meaning}) beside the output's fields; rename it (for "
+                f"example 'order_{name}')",
+                field=f"definition.output.{name}",
+            )
 
 
 def _check_expressions(value: Any, field: str, label: str, ids: set[str]) -> None:

@@ -119,3 +119,32 @@ async def test_schema_is_published(api: Api) -> None:
     schema = r.json()
     assert schema["$schema"].startswith("https://json-schema.org/")
     assert set(schema["$defs"]) >= {"transform", "condition", "fail", "http", "delay", "python"}
+
+
+async def test_an_output_field_that_flow_completed_sets_itself_is_refused(api: Api) -> None:
+    """flow.completed's payload is the output's fields plus `status`, `steps_executed` and
+    `duration_ms` (SPEC §6): an output naming one of those would be overwritten in the
+    webhook, so the definition is refused, on create and on a new version, and nothing is
+    written."""
+    for name in ("status", "steps_executed", "duration_ms"):
+        shipped = {**HELLO, "output": {name: "shipped", "order": "{{ payload.name }}"}}
+        r = await api.post("/api/v1/flows", shipped)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["code"] == "invalid_definition", body
+        assert f"definition.output.{name} cannot be used" in body["error"], body
+        assert "flow.completed" in body["error"], body
+    assert (await api.get("/api/v1/flows")).json()["data"] == []
+    flow_id = await api.create_flow({**HELLO, "output": {"order_status": "shipped"}})
+    r = await api.client.put(
+        f"/api/v1/flows/{flow_id}", json={**HELLO, "output": {"status": "x"}}, headers=api.auth()
+    )
+    assert r.status_code == 400 and "definition.output.status" in r.json()["error"], r.text
+    assert (await api.get(f"/api/v1/flows/{flow_id}")).json()["version"] == 1
+    # renamed, the output and the run's own fields both reach the event whole
+    run = await api.wait(await api.execute(flow_id, {"name": "Ada"}))
+    assert run["status"] == "completed" and run["output"] == {"order_status": "shipped"}
+    [event] = (await api.get("/api/v1/events", params={"event": "flow.completed"})).json()["data"]
+    payload = event["body"]["payload"]
+    assert payload["order_status"] == "shipped" and payload["status"] == "completed"
+    assert payload["steps_executed"] == 1 and isinstance(payload["duration_ms"], int)
