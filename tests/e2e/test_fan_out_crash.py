@@ -26,12 +26,17 @@ ITEMS = 200
 CONCURRENCY = 20
 
 
+KEYS: dict[str, set[str]] = {}
+"""The Idempotency-Keys the counter saw, by the body's ``i``."""
+
+
 @pytest.fixture
 def counter() -> Iterator[tuple[str, Counter[str]]]:
     """A receiver that counts the requests by their body's ``i`` (a little slow, so requests
-    are in flight when the process is killed)."""
+    are in flight when the process is killed) and keeps their Idempotency-Keys in KEYS."""
     seen: Counter[str] = Counter()
     lock = threading.Lock()
+    KEYS.clear()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -39,6 +44,7 @@ def counter() -> Iterator[tuple[str, Counter[str]]]:
             time.sleep(0.02)
             with lock:
                 seen[str(body["i"])] += 1
+                KEYS.setdefault(str(body["i"]), set()).add(self.headers["Idempotency-Key"])
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -137,6 +143,10 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
     twice = [k for k, n in items.items() if n > 1]
     assert len(twice) <= CONCURRENCY, twice  # only requests in flight at the kill repeat
     assert all(n <= 2 for n in items.values())
+    # each item kept its own key through the kill: a receiver deduplicating on it charges
+    # each line once, and every line
+    assert all(len(KEYS[k]) == 1 for k in items), {k: KEYS[k] for k in twice}
+    assert len({next(iter(KEYS[k])) for k in items}) == ITEMS
     assert (seen["child"], seen["after"]) == (1, 1)
     # the child that was in flight at the kill is the one that completed: no second child
     assert [(c["run_id"], c["status"]) for c in children] == [(child_run, "completed")]

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.conftest import Api
+import orjson
+
+from tests.conftest import Api, Receiver
 
 
 def enrich_flow() -> dict[str, Any]:
@@ -599,3 +601,42 @@ async def test_cancelling_a_run_interrupts_a_nested_step_in_flight(api: Api) -> 
             if sorted(statuses) == ["cancelled", "cancelled"]:
                 break
             await asyncio.sleep(0.05)
+
+
+async def test_each_item_branch_and_sub_flow_run_sends_its_own_idempotency_key(
+    api: Api, receiver: Receiver
+) -> None:
+    """A receiver that deduplicates on the http step's Idempotency-Key (as the README tells
+    it to) charges every line of a map once: each item, each branch and each sub-flow run
+    has a key of its own, and each keeps it through its retries."""
+    receiver.script = [(500, {})] * 3  # three first attempts fail; their retries succeed
+    post = {"method": "POST", "url": receiver.url}
+    retry = {"max_attempts": 3, "backoff_seconds": 0}
+    child_id = await api.create_flow(
+        {"name": "ship", "steps": [
+            {"id": "charge", "type": "http", "request": {**post, "json": {"sku": "child"}}}]}
+    )  # fmt: skip
+    flow_id = await api.create_flow(
+        {"name": "order", "steps": [
+            {"id": "lines", "type": "map", "items": "{{ payload.skus }}", "steps": [
+                {"id": "charge", "type": "http", "retry": retry,
+                 "request": {**post, "json": {"sku": "{{ item }}"}}}]},
+            {"id": "side", "type": "parallel", "branches": {
+                "a": [{"id": "charge_a", "type": "http", "request": {**post, "json": {"sku": "a"}}}],
+                "b": [{"id": "call", "type": "flow", "flow_id": child_id}]}},
+            {"id": "total", "type": "http", "request": {**post, "json": {"sku": "total"}}},
+        ]}
+    )  # fmt: skip
+    run_id = await api.execute(flow_id, {"skus": ["tea", "cup", "pot"]})
+    run = await api.wait(run_id)
+    assert run["status"] == "completed", run["error"]
+    keys: dict[str, set[str]] = {}
+    for r in receiver.requests:
+        sku = orjson.loads(r["body"])["sku"]
+        keys.setdefault(sku, set()).add(r["headers"]["Idempotency-Key"])
+    assert len(receiver.requests) == 6 + 3  # three retried map items, then the other three
+    assert all(len(k) == 1 for k in keys.values()), keys  # the same key on every attempt
+    one = {sku: next(iter(k)) for sku, k in keys.items()}
+    assert len(set(one.values())) == 6, one  # tea, cup, pot, a, child, total: six keys
+    assert one["total"] == f"{run_id}:total"  # a step of the run itself: as before
+    assert all(one[s].startswith(f"{run_id}:") for s in ("tea", "cup", "pot", "a")), one

@@ -3,9 +3,11 @@
 ``request: {method, url, headers, query, json | body}``; output ``{status_code, headers,
 json | body}``. A non-2xx answer is a step error unless its code is in ``accept_status``.
 Redirects are not followed (a redirect could lead past the target guard). The request
-carries ``Idempotency-Key: <run_id>:<step_id>``, the same on every attempt, so a receiver can
-drop a retried duplicate, and ``traceparent`` with the run's trace id and the attempt's own
-span id (W3C Trace Context; a ``traceparent`` the step sets itself wins). Default timeout 30 s.
+carries an ``Idempotency-Key`` (:func:`idempotency_key`), the same on every attempt and after
+a restart and another for each map item and parallel branch, so a receiver can drop a retried
+duplicate and still act on every item; and ``traceparent`` with the run's trace id and the
+attempt's own span id (W3C Trace Context; a ``traceparent`` the step sets itself wins).
+Default timeout 30 s.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ __all__ = ["HttpStep", "MAX_RESPONSE_BYTES"]
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 DEFAULT_TIMEOUT = 30.0
+
+
+def idempotency_key(env: StepEnv, step_id: str) -> str:
+    """``<run_id>:<step_id>`` for a step of the run itself (a sub-flow run is a run of its
+    own, with its own id); inside a map item or a parallel branch,
+    ``<run_id>:<part_id>:<step_id>``. A part's row is written once, when its parent fans out,
+    so its id is the same on every attempt and after a crash, and no two items share it."""
+    if env.row_id and env.row_id != env.run_id:
+        return f"{env.run_id}:{env.row_id}:{step_id}"
+    return f"{env.run_id}:{step_id}"
 
 
 class HttpStep:
@@ -56,7 +68,7 @@ class HttpStep:
         if problem:
             return error("invalid_request", problem)
         if not any(k.lower() == "idempotency-key" for k in headers):
-            headers["Idempotency-Key"] = f"{env.run_id}:{self.id}"
+            headers["Idempotency-Key"] = idempotency_key(env, self.id)
         if not any(k.lower() == "traceparent" for k in headers):
             trace = tracing.run_trace(env.row_id or env.run_id, env.traceparent)
             span_id = tracing.step_span_id(env.row_id or env.run_id, env.idx, env.attempt)
