@@ -136,8 +136,6 @@ def check_url(url: str, *, allow_private: bool = False, require_https: bool = Fa
         raise TargetRefused(f"not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https"):
         raise TargetRefused("the URL must start with http:// or https://")
-    if require_https and parts.scheme != "https":
-        raise TargetRefused("live-mode targets must use https://")
     if parts.username is not None or parts.password is not None:
         raise TargetRefused("the URL must not carry a user name or password")
     if not raw_host:
@@ -145,14 +143,29 @@ def check_url(url: str, *, allow_private: bool = False, require_https: bool = Fa
     if _HOST_INVISIBLE.search(raw_host):
         raise TargetRefused("the URL's host contains white space or an invisible character")
     host = _connect_host(url, raw_host)
+    local = host == "localhost" or host.endswith(".localhost")
+    ip = _literal_address(host)
+    private = local or (ip is not None and is_blocked_address(ip))
+    if require_https and parts.scheme != "https" and not (allow_private and private):
+        # FLOWHOOK_ALLOW_PRIVATE_TARGETS lets a live endpoint on this machine or network use
+        # plain http (local development); a public one is https whatever the setting
+        raise TargetRefused(
+            "live-mode targets must use https://"
+            + (" (plain http:// only to a private or local address)" if allow_private else "")
+        )
     if allow_private:
         return url
-    if host == "localhost" or host.endswith(".localhost"):
-        raise TargetRefused(f"{host} is a local address; private targets are not allowed")
-    ip = _literal_address(host)
+    if local:
+        raise TargetRefused(f"{host} is a local address; {_PRIVATE_HINT}")
     if ip is not None and is_blocked_address(ip):
-        raise TargetRefused(f"{ip} is not a public address; private targets are not allowed")
+        raise TargetRefused(f"{ip} is not a public address; {_PRIVATE_HINT}")
     return url
+
+
+_PRIVATE_HINT = (
+    "private targets are not allowed (FLOWHOOK_ALLOW_PRIVATE_TARGETS=true allows them, for "
+    "local development)"
+)
 
 
 def _connect_host(url: str, raw_host: str) -> str:

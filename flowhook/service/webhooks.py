@@ -56,7 +56,7 @@ class WebhookService:
             return check_url(
                 url,
                 allow_private=self._settings.allow_private_targets,
-                require_https=mode is Mode.LIVE and not self._settings.allow_private_targets,
+                require_https=mode is Mode.LIVE,
             )
         except TargetRefused as exc:
             raise InvalidInput(f"url refused: {exc.message}", field="url") from None

@@ -87,6 +87,22 @@ async def test_endpoint_api_validates_and_hides_the_secret(api: Api, receiver: R
     assert (await api.get(f"/api/v1/webhooks/endpoints/{ep['id']}")).status_code == 404
 
 
+async def test_a_live_endpoint_on_the_internet_needs_https_even_with_private_targets_allowed(
+    api: Api, receiver: Receiver
+) -> None:
+    """FLOWHOOK_ALLOW_PRIVATE_TARGETS (on in these tests) lets a live endpoint on this
+    machine use plain http, and nothing more: a public http:// one is refused (before, the
+    setting let a live key register any http:// URL)."""
+    assert api.app.state.services.settings.allow_private_targets
+    body = {"url": "http://hooks.example.com/in", "events": ["flow.completed"]}
+    r = await api.post("/api/v1/webhooks/endpoints", body, who="live")
+    assert r.status_code == 400 and "live-mode targets must use https://" in r.text, r.text
+    local = {"url": receiver.url, "events": ["flow.completed"]}
+    assert (await api.post("/api/v1/webhooks/endpoints", local, who="live")).status_code == 201
+    r = await api.post("/api/v1/webhooks/endpoints", body)  # sandbox: http stays allowed
+    assert r.status_code == 201, r.text
+
+
 async def test_each_event_of_a_run_arrives_signed_and_only_chosen_ones(
     api: Api, receiver: Receiver
 ) -> None:

@@ -37,6 +37,26 @@ def test_live_mode_can_require_https() -> None:
     assert check_url("https://8.8.8.8/", require_https=True)
 
 
+@pytest.mark.parametrize("url", ["http://8.8.8.8/", "http://hooks.example.com/", "http://a.b/"])
+def test_live_mode_needs_https_to_a_public_host_whatever_the_setting(url: str) -> None:
+    """FLOWHOOK_ALLOW_PRIVATE_TARGETS lets a live endpoint on this machine or network use
+    plain http; it never lets one on the internet do so (before: any http:// passed)."""
+    for allow_private in (False, True):
+        with pytest.raises(TargetRefused, match="live-mode targets must use https://"):
+            check_url(url, require_https=True, allow_private=allow_private)
+    local = ["http://127.0.0.1:8080/hook", "http://localhost:9000/", "http://10.1.2.3/"]
+    for private in local:
+        assert check_url(private, require_https=True, allow_private=True) == private
+        with pytest.raises(TargetRefused):  # without the setting: refused as before
+            check_url(private, require_https=True)
+
+
+def test_a_refused_private_address_names_the_setting_that_allows_it() -> None:
+    for url in ("http://127.0.0.1/", "http://localhost/", "http://10.0.0.1/"):
+        with pytest.raises(TargetRefused, match="FLOWHOOK_ALLOW_PRIVATE_TARGETS=true"):
+            check_url(url)
+
+
 # Audit finding 1: hosts that are IP literals only after yarl's IDNA mapping, written with
 # full-width digits, ideographic full stops or circled numbers, reached 127.0.0.1 and the
 # metadata address. They are refused whatever the address, even where private targets are
