@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 import yaml
 from rich.console import Console
@@ -45,9 +46,23 @@ def client() -> Iterator[Client]:
     except FlowhookClientError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    except OSError as exc:
-        err.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+    except httpx.ConnectError:
+        err.print(
+            f"[red]error:[/red] cannot reach Flowhook at {escape(url)}: is `flowhook serve` "
+            "running? Set FLOWHOOK_URL otherwise.",
+            soft_wrap=True,
+        )
         raise typer.Exit(1) from None
+    except (httpx.TransportError, OSError) as exc:  # a timeout, a connection cut short
+        err.print(
+            f"[red]error:[/red] the request to {escape(url)} failed: {_said(exc)}", soft_wrap=True
+        )
+        raise typer.Exit(1) from None
+
+
+def _said(exc: BaseException) -> str:
+    """An outside failure in words: its message, or its kind when it has none."""
+    return escape(str(exc)) or type(exc).__name__
 
 
 def out_json(value: Any) -> None:

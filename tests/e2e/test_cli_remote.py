@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -205,3 +206,30 @@ def test_every_remote_command(tmp_path: Path) -> None:
         assert nokey.returncode == 2 and "FLOWHOOK_API_KEY" in nokey.stderr
         wrong = cli(server, "runs", "list", key="sk_test_" + "a" * 32)
         assert wrong.returncode == 1 and "401" in wrong.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("runs", "list"),
+        ("flows", "list"),
+        ("endpoints", "list"),
+        ("runs", "start", "wf_x", "--wait"),
+    ],
+)
+def test_a_server_that_cannot_be_reached_is_one_line_not_a_traceback(
+    args: tuple[str, ...],
+) -> None:
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        done = subprocess.run(
+            [FLOWHOOK, *args],
+            env={**os.environ, "FLOWHOOK_URL": url, "FLOWHOOK_API_KEY": "sk_test_x"},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stderr == (
+        f"error: cannot reach Flowhook at {url}: is `flowhook serve` running? "
+        "Set FLOWHOOK_URL otherwise.\n"
+    ), done.stderr
