@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,13 +70,26 @@ def out_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
+_AN_ID = re.compile(r"[a-z]+_[0-9a-z]{20,}")
+"""The shape of this service's ids (``run_…``, ``dlv_…``): a table never cuts one, as a cut
+id is one no command takes."""
+
+
 def table(columns: list[str], rows: list[list[Any]], empty: str) -> None:
     if not rows:
         console.print(f"[dim]{empty}[/dim]")
         return
-    t = Table(*columns)
-    for row in rows:
-        t.add_row(*["" if v is None else str(v) for v in row])
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    t = Table()
+    for i, name in enumerate(columns):
+        values = [row[i] for row in cells if row[i]]
+        if values and all(_AN_ID.fullmatch(v) for v in values):
+            # whole on one line, whatever the terminal's width: the other columns give way
+            t.add_column(name, no_wrap=True, min_width=max(map(len, values)))
+        else:
+            t.add_column(name)
+    for row in cells:
+        t.add_row(*row)
     console.print(t)
 
 
