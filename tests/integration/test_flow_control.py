@@ -284,22 +284,28 @@ async def test_debounce_collapses_a_burst_into_one_run_with_the_last_payload(api
     assert (await api.wait(later))["payload"]["n"] == 5
 
 
-async def test_debounce_max_wait_starts_the_run_while_executes_keep_coming(api: Api) -> None:
+async def test_debounce_max_wait_starts_the_run_while_executes_keep_coming(
+    clocked: Api, clock: FakeClock
+) -> None:
+    api = clocked
     flow_id = await api.create_flow(
         span_flow(0.0, debounce={"period_seconds": 0.3, "max_wait_seconds": 0.6})
     )
     ids = []
     for i in range(12):  # one every 0.1 s for 1.2 s: each would push the start back
         ids.append(await api.execute(flow_id, {"n": i}))
-        await asyncio.sleep(0.1)
-    assert 2 <= len(set(ids)) <= 4, ids
-    first = await api.wait(ids[0])
-    waited = datetime.fromisoformat(first["started_at"]) - datetime.fromisoformat(
-        first["queued_at"]
-    )
-    assert waited < timedelta(seconds=0.9)
-    for run_id in set(ids):
-        assert (await api.wait(run_id))["status"] == "completed"
+        await advance(api, clock, 0.1)
+        if i == 5:  # 0.6 s: the first run's max_wait is up, so it starts though executes come
+            await until(api, ids[0], lambda r: r["started_at"] is not None)
+    # the first six joined one run; the next six another, started 0.6 s after its first
+    assert ids == [ids[0]] * 6 + [ids[6]] * 6 and ids[0] != ids[6], ids
+    for run_id in (ids[0], ids[6]):
+        run = await api.wait(run_id)
+        assert run["status"] == "completed"
+        waited = datetime.fromisoformat(run["started_at"]) - datetime.fromisoformat(
+            run["queued_at"]
+        )
+        assert waited == timedelta(seconds=0.6), run
 
 
 async def test_keys_that_fail_answer_400_naming_the_field(api: Api) -> None:

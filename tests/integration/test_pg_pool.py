@@ -124,7 +124,9 @@ async def test_a_single_statement_block_is_its_own_transaction(pg: Database) -> 
     statement in it commits alone, where ``transaction()``'s share one transaction."""
     async with pg.statement() as conn:
         first, second = await _transaction_ids(conn)
-    assert second == first + 1
+    # each its own transaction (ids are the cluster's: other databases' work, another xdist
+    # worker's, may take the ids between)
+    assert second > first
     async with pg.transaction() as conn:
         first, second = await _transaction_ids(conn)
     assert second == first
