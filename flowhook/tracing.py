@@ -56,6 +56,7 @@ __all__ = [
     "flush",
     "stop",
     "http_attributes",
+    "redacted_url",
     "emit",
     "run_attributes",
     "run_span",
@@ -271,9 +272,45 @@ def stop() -> None:
     ENABLED, _provider, _tracer = False, None, None
 
 
-def http_attributes(method: str, url: str, status: int | None) -> dict[str, Any]:
-    """OpenTelemetry's HTTP client attributes of a request."""
-    attributes: dict[str, Any] = {"http.request.method": method, "url.full": url}
+REDACTED = "REDACTED"
+
+
+def redacted_url(url: str, *, path: bool = False) -> str:
+    """``url`` as a span may carry it: user and password become ``REDACTED:REDACTED`` and every
+    query value ``REDACTED`` (OpenTelemetry's HTTP conventions; tokens ride in queries), the
+    fragment goes; ``path=True`` also hides the path, where webhook URLs of the Slack kind keep
+    their secret. A URL that does not parse is replaced whole."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = (f"{REDACTED}:{REDACTED}@" if "@" in parts.netloc else "") + host
+    if port is not None:
+        netloc += f":{port}"
+    text = f"{parts.scheme}://{netloc}" if parts.scheme else netloc
+    if path:
+        text += f"/{REDACTED}" if parts.path.strip("/") else parts.path
+    else:
+        text += parts.path
+    if parts.query:
+        names = (pair.split("=", 1)[0] for pair in parts.query.split("&"))
+        text += "?" + "&".join(f"{name}={REDACTED}" for name in names)
+    return text
+
+
+def http_attributes(
+    method: str, url: str, status: int | None, *, secret_path: bool = False
+) -> dict[str, Any]:
+    """OpenTelemetry's HTTP client attributes of a request, its URL redacted
+    (:func:`redacted_url`; ``secret_path`` for a webhook endpoint's URL)."""
+    attributes: dict[str, Any] = {
+        "http.request.method": method,
+        "url.full": redacted_url(url, path=secret_path),
+    }
     try:
         parts = urlsplit(url)
         if parts.hostname:

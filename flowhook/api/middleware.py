@@ -74,14 +74,17 @@ class RequestGuard:
         logs.request_id.set(request_id)
         started = False
         extra = [(b"x-request-id", request_id.encode())]
-        if not scope["path"].startswith(self.json_prefix):
-            extra += self.page_headers
+        page = not scope["path"].startswith(self.json_prefix)
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message["headers"] = [*message.get("headers", []), *extra]
+                own = list(message.get("headers", []))
+                if page:  # a header the page's route set wins over the pages' defaults
+                    named = {k.lower() for k, _ in own}
+                    own += (h for h in self.page_headers if h[0] not in named)
+                message["headers"] = [*own, *extra]
             await send(message)
 
         async def reply(status: int, text: str, code: str) -> None:

@@ -524,7 +524,7 @@ def _attempt_span(
 ) -> None:
     """Export the span of one delivery attempt (OpenTelemetry on)."""
     assert due.url is not None
-    attributes = tracing.http_attributes("POST", due.url, result.status_code)
+    attributes = tracing.http_attributes("POST", due.url, result.status_code, secret_path=True)
     attributes.update(
         {
             "flowhook.delivery_id": due.id, "flowhook.event_id": due.event_id,

@@ -33,6 +33,8 @@ def recorders() -> Iterator[tuple[Recorder, Recorder]]:
 
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+STEP, HOOK = "/step?token=s3cret&v=2", "/hook/T0/s3cret"
+"""A token in the step's query and a secret in the webhook's path (as Slack's URLs carry)."""
 PARENT = "00f067aa0ba902b7"
 
 
@@ -46,7 +48,11 @@ def _run_a_traced_flow(server: Any, target: Recorder, hooks: int) -> str:
             "name": "traced",
             "steps": [
                 {"id": "prep", "type": "transform", "output": {"n": 1}},
-                {"id": "call", "type": "http", "request": {"url": target.url + "/step"}},
+                {
+                    "id": "call",
+                    "type": "http",
+                    "request": {"url": target.url + "/step?token=s3cret&v=2"},
+                },
             ],
         }
         r = client.post("/api/v1/flows", json=flow)
@@ -54,7 +60,7 @@ def _run_a_traced_flow(server: Any, target: Recorder, hooks: int) -> str:
         flow_id = r.json()["flow_id"]
         r = client.post(
             "/api/v1/webhooks/endpoints",
-            json={"url": target.url + "/hook", "events": ["flow.completed"]},
+            json={"url": target.url + "/hook/T0/s3cret", "events": ["flow.completed"]},
         )
         assert r.status_code == 201, r.text
         r = client.post(
@@ -67,7 +73,7 @@ def _run_a_traced_flow(server: Any, target: Recorder, hooks: int) -> str:
         r = client.get(f"/api/v1/flows/runs/{run_id}", params={"wait": 20})
         assert r.json()["status"] == "completed", r.text
     for _ in range(400):
-        if len([r for r in target.requests if r["path"] == "/hook"]) >= hooks:
+        if len([r for r in target.requests if r["path"] == HOOK]) >= hooks:
             break
         time.sleep(0.05)
     return run_id
@@ -107,6 +113,7 @@ def test_the_spans_of_a_run_form_one_tree_in_the_caller_s_trace(
         s["span_id"] for s in [*prep, *call, *deliveries]
     }
     assert {s["service"] for s in spans.values()} == {"flowhook"}
+    assert "s3cret" not in json.dumps(otlp.spans)  # no span carries either secret
     # attributes by OpenTelemetry's semantic conventions, and ours
     a = accept["attributes"]
     assert (a["http.request.method"], a["http.response.status_code"]) == ("POST", 202)
@@ -114,7 +121,10 @@ def test_the_spans_of_a_run_form_one_tree_in_the_caller_s_trace(
     assert run["attributes"]["flowhook.flow_id"] == flow_id
     assert run["attributes"]["flowhook.run.status"] == "completed"
     c = call[0]["attributes"]
-    assert c["http.request.method"] == "GET" and c["url.full"] == target.url + "/step"
+    assert (
+        c["http.request.method"] == "GET"
+        and c["url.full"] == target.url + "/step?token=REDACTED&v=REDACTED"
+    )
     assert c["server.address"] == "127.0.0.1" and c["http.response.status_code"] == 200
     assert (c["flowhook.run_id"], c["flowhook.flow_id"], c["flowhook.step_id"]) == (
         run_id, flow_id, "call",
@@ -126,14 +136,14 @@ def test_the_spans_of_a_run_form_one_tree_in_the_caller_s_trace(
     assert failed["attributes"]["http.response.status_code"] == 500
     assert not delivered["error"] and delivered["attributes"]["http.response.status_code"] == 200
     for d in deliveries:
-        assert d["attributes"]["url.full"] == target.url + "/hook"
+        assert d["attributes"]["url.full"] == target.url + "/REDACTED"
         assert d["attributes"]["flowhook.flow_id"] == flow_id
     # downstream services link under the step's and the attempts' spans
     sent = {r["path"]: [] for r in target.requests}
     for r in target.requests:
         sent[r["path"]].append(r["headers"]["traceparent"])
-    assert sent["/step"] == [f"00-{TRACE}-{call[0]['span_id']}-01"]
-    assert sent["/hook"] == [f"00-{TRACE}-{d['span_id']}-01" for d in deliveries]
+    assert sent[STEP] == [f"00-{TRACE}-{call[0]['span_id']}-01"]
+    assert sent[HOOK] == [f"00-{TRACE}-{d['span_id']}-01" for d in deliveries]
 
 
 def test_without_the_endpoint_nothing_is_exported(

@@ -83,6 +83,9 @@ async def test_a_link_s_get_decides_nothing_its_post_does(api: Api) -> None:
         assert page.status_code == 200 and "Reject?" in page.text
         assert "Refund 9 EUR to Bo?" in page.text
         assert page.headers["cache-control"] == "no-store"
+        # the link's token must not leave in the Referer of the page's static files: the
+        # route's policy is the one policy sent, not followed by the pages' same-origin
+        assert page.headers.get_list("referrer-policy") == ["no-referrer"]
     await asyncio.sleep(0.2)
     assert (await api.get(f"/api/v1/flows/runs/{run_id}")).json()["status"] == "running"
 

@@ -74,3 +74,25 @@ def test_start_without_the_sdk_warns_and_exports_nothing(
     assert not tracing.ENABLED
     assert "flowhook[otel]" in caplog.text
     assert tracing.start(None) is False
+
+
+@pytest.mark.parametrize(
+    ("url", "path", "expected"),
+    [
+        ("https://api.example.com/v1/x", False, "https://api.example.com/v1/x"),
+        (
+            "https://a.example/p?token=t0k&x=1",
+            False,
+            "https://a.example/p?token=REDACTED&x=REDACTED",
+        ),
+        ("https://u:pw@a.example:8443/p#frag", False, "https://REDACTED:REDACTED@a.example:8443/p"),
+        ("https://hooks.slack.com/services/T0/B0/XyZ", True, "https://hooks.slack.com/REDACTED"),
+        ("https://a.example/", True, "https://a.example/"),
+        ("https://[::1]:9/p?k", False, "https://[::1]:9/p?k=REDACTED"),
+        ("https://a.example:notaport/p", False, "REDACTED"),
+    ],
+)
+def test_urls_in_spans_keep_no_secret(url: str, path: bool, expected: str) -> None:
+    assert tracing.redacted_url(url, path=path) == expected
+    attributes = tracing.http_attributes("GET", url, 200, secret_path=path)
+    assert attributes["url.full"] == expected
