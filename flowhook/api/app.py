@@ -86,7 +86,7 @@ def create_app(
                 await engine.start(db)
             elif run_worker:
                 runtime = await _run_worker(app, Runtime(db, clock, settings, services))
-            app.state.hub = await hubs.enter_async_context(streams.running_hub(db, settings))
+            app.state.hub = await hubs.enter_async_context(streams.running_hub(db, services))
             yield
         finally:
             await hubs.aclose()

@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -80,6 +81,7 @@ class KeyService:
         self._cache_max = 10_000
         self._generation = 0
         """Bumped by :meth:`forget`: a lookup that raced a revocation is not remembered."""
+        self._ended: list[Callable[[], None]] = []
 
     async def create(self, mode: Mode, workspace: str = "default") -> CreatedKey:
         """A new key for ``workspace`` (created when missing)."""
@@ -116,9 +118,19 @@ class KeyService:
         return key
 
     def forget(self) -> None:
-        """Drop every cached key: the next request of each key reads it again."""
+        """Drop every cached key: the next request of each key reads it again; and tell what
+        holds a key past its request (open streams) to check it again."""
         self._cache.clear()
         self._generation += 1
+        self.credentials_ended()
+
+    def on_credentials_ended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a key may have been revoked or a session ended."""
+        self._ended.append(callback)
+
+    def credentials_ended(self) -> None:
+        for callback in self._ended:
+            callback()
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal for an ``Authorization: Bearer <key>`` header, or Unauthenticated."""

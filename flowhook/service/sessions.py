@@ -15,12 +15,13 @@ from flowhook.store import sessions as store
 from flowhook.store.db import Database
 from flowhook.store.sessions import WebSession
 
-__all__ = ["SessionService", "SESSION_HOURS"]
+__all__ = ["SessionService", "SESSION_HOURS", "session_hash"]
 
 SESSION_HOURS = 12
 
 
-def _hash(token: str) -> str:
+def session_hash(token: str) -> str:
+    """What the table keeps of a session's cookie token."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -43,7 +44,7 @@ class SessionService:
             now + timedelta(hours=SESSION_HOURS),
         )
         async with self._db.transaction() as conn:
-            await store.insert_session(conn, _hash(token), session, now)
+            await store.insert_session(conn, session_hash(token), session, now)
         return token, session
 
     async def resume(self, token: str | None) -> tuple[Principal, WebSession] | None:
@@ -51,7 +52,7 @@ class SessionService:
         if not token or len(token) > 100:
             return None
         async with self._db.read() as conn:
-            session = await store.find_session(conn, _hash(token), self._clock.now())
+            session = await store.find_session(conn, session_hash(token), self._clock.now())
             if session is None:
                 return None
             key = await keys_store.get_key(conn, session.key_id)
@@ -60,9 +61,12 @@ class SessionService:
         return Principal(session.workspace_id, session.mode, session.key_id), session
 
     async def sign_out(self, token: str | None) -> None:
+        """End the session; its open streams end with it, in every process."""
         if token:
             async with self._db.transaction() as conn:
-                await store.delete_session(conn, _hash(token))
+                await store.delete_session(conn, session_hash(token))
+                await keys_store.announce_credentials(conn)
+            self._keys.credentials_ended()
 
     @staticmethod
     def check_csrf(session: WebSession, given: str | None) -> None:

@@ -14,6 +14,11 @@ the last :data:`LOOKBACK_MS` every ``poll_interval`` covers a notification that 
 run stream reads its run's events again at every heartbeat, so a missed wake-up loses
 nothing.
 
+A stream lasts only as long as what opened it: when a key is revoked or a session ends (in
+this process, or in another: :class:`~flowhook.service.auth.RevocationWatch`), the hub reads
+which of its streams' keys and sessions still hold, in one query, and closes the rest before
+it hands out another event; it reads them every ``recheck_every`` seconds too, as a backstop.
+
 Bounded: each stream holds at most ``queue_size`` events not yet sent; a client slower than
 that is dropped (its connection closed; it may resume with ``Last-Event-ID``), and a key
 may hold ``max_per_key`` streams open on one process (429 beyond).
@@ -30,11 +35,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from flowhook.backoff import backoff
+from flowhook.clock import Clock, SystemClock
 from flowhook.errors import InvalidInput, RateLimited, StoreUnavailable
 from flowhook.events import EVENT_TYPES, TEST_EVENT
 from flowhook.ids import id_floor, id_millis, is_id
 from flowhook.service.auth import Principal
 from flowhook.store import events as events_store
+from flowhook.store import keys as keys_store
+from flowhook.store import sessions as sessions_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Mode
 from flowhook.store.wakeup import PgListener, Wakeup
@@ -111,6 +119,7 @@ class Subscription:
         "pending",
         "ready",
         "run_id",
+        "session",
         "since",
         "workspace_id",
     )  # fmt: skip
@@ -124,8 +133,11 @@ class Subscription:
         flow_id: str | None = None,
         event_type: str | None = None,
         since: str | None = None,
+        session: str | None = None,
     ) -> None:
         self.key_id = who.key_id
+        self.session = session
+        """The hash of the settings-screen session it was opened with (the run page's)."""
         self.workspace_id = who.workspace_id
         self.mode: Mode = who.mode
         self.run_id = run_id
@@ -212,8 +224,14 @@ class EventHub:
         poll_interval: float = 1.0,
         queue_size: int = 1000,
         max_per_key: int = 100,
+        recheck_every: float = 15.0,
+        clock: Clock | None = None,
     ) -> None:
         self._db = db
+        self._recheck_every = recheck_every
+        self._clock = clock or SystemClock()
+        self._recheck = False
+        """Set by :meth:`credentials_ended`: check every stream's key and session now."""
         self._poll = poll_interval
         self._queue_size = queue_size
         self._max_per_key = max_per_key
@@ -232,6 +250,8 @@ class EventHub:
         self.closing = False
         self.reads = 0
         """How many reads the hub made (tests and benchmarks look)."""
+        self.rechecks = 0
+        """How many times it checked its streams' keys and sessions (tests look)."""
 
     @property
     def open_streams(self) -> int:
@@ -273,9 +293,11 @@ class EventHub:
         flow_id: str | None = None,
         event_type: str | None = None,
         after: str | None = None,
+        session: str | None = None,
     ) -> Subscription:
         """A new stream's subscription; 429 when ``who``'s key holds its share already. It
-        gets only events after ``after``; a workspace stream without it, from now on."""
+        gets only events after ``after``; a workspace stream without it, from now on. It
+        ends when ``who``'s key is revoked, or ``session`` (a session's hash) ends."""
         if self._per_key[who.key_id] >= self._max_per_key:
             raise RateLimited(
                 f"this API key has {self._max_per_key} streams open, the most it may have "
@@ -287,7 +309,7 @@ class EventHub:
         since = after if run_id is not None else (after or now)
         sub = Subscription(
             who, self._queue_size, run_id=run_id, flow_id=flow_id, event_type=event_type,
-            since=since,
+            since=since, session=session,
         )  # fmt: skip
         if self._count == 0:
             self._cursor = now
@@ -320,6 +342,25 @@ class EventHub:
         self._count -= 1
         sub.end()
 
+    def credentials_ended(self) -> None:
+        """A key may have been revoked or a session ended: check every open stream's now."""
+        self._recheck = True
+        self._wake.set()
+
+    async def _check_credentials(self) -> None:
+        """End the streams whose key was revoked or whose session ended (one read for all)."""
+        subs = self._all()
+        keys = {s.key_id for s in subs}
+        sessions = {s.session for s in subs if s.session is not None}
+        self.rechecks += 1
+        async with self._db.read() as conn:
+            revoked = await keys_store.revoked_among(conn, keys)
+            ended = await sessions_store.ended_among(conn, sessions, self._clock.now())
+        for sub in subs:
+            if sub.key_id in revoked or sub.session in ended:
+                log.info("event streams: a stream's key was revoked or its session ended; closed")
+                self.unsubscribe(sub)
+
     def announce(self, floor: str | None) -> None:
         """Events were committed, the lowest of them ``floor`` (``None``: unknown, so look
         back)."""
@@ -337,30 +378,38 @@ class EventHub:
         failures = 0
         clock = asyncio.get_running_loop().time
         due = clock() + self._poll  # the next catch-up read, however busy the hub is
+        recheck_due = clock() + self._recheck_every  # the backstop of credentials_ended
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, due - clock())):
+                async with asyncio.timeout(max(0.0, min(due, recheck_due) - clock())):
                     await self._wake.wait()
             self._wake.clear()
             floor, self._floor = self._floor, None
             lookback, self._lookback = self._lookback or clock() >= due, False
+            recheck, self._recheck = self._recheck or clock() >= recheck_due, False
             if lookback:
                 due = clock() + self._poll
+            if recheck:
+                recheck_due = clock() + self._recheck_every
             if self._count == 0:
                 self._seen.clear()
                 continue
             try:
+                if recheck:  # first: no event reaches a stream whose key was revoked
+                    await self._check_credentials()
                 await self._catch_up(floor, lookback)
                 failures = 0
             except StoreUnavailable as exc:  # streams wait; reads resume when it is back
                 failures += 1
                 log.warning("event streams: reading new events failed: %s", exc)
                 self._lookback = True
+                self._recheck = self._recheck or recheck
                 await asyncio.sleep(backoff(failures, 0.2, 5.0))
             except Exception:
                 failures += 1
                 log.exception("event streams: reading new events failed")
                 self._lookback = True
+                self._recheck = self._recheck or recheck
                 await asyncio.sleep(backoff(failures, 0.2, 5.0))
 
     async def _catch_up(self, floor: str | None, lookback: bool) -> None:

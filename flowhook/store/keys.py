@@ -21,11 +21,14 @@ __all__ = [
     "revoke_key",
     "get_key",
     "revocations",
+    "revoked_among",
+    "announce_credentials",
     "KEYS_CHANNEL",
 ]
 
 KEYS_CHANNEL = "flowhook_keys"
-"""PostgreSQL NOTIFY channel: a key was revoked (every API process forgets its key cache)."""
+"""PostgreSQL NOTIFY channel: a key was revoked or a session ended (every API process forgets
+its key cache and checks its open streams again)."""
 
 
 async def count_workspaces(conn: AsyncConnection) -> int:
@@ -128,3 +131,19 @@ async def revocations(conn: AsyncConnection) -> tuple[int, datetime | None]:
         )
     ).one()
     return int(row[0]), row[1]
+
+
+async def revoked_among(conn: AsyncConnection, key_ids: set[str]) -> set[str]:
+    """Those of ``key_ids`` that no longer authenticate (revoked, or gone)."""
+    if not key_ids:
+        return set()
+    q = select(api_keys.c.id).where(api_keys.c.id.in_(key_ids), api_keys.c.revoked_at.is_(None))
+    valid = {row[0] for row in await conn.execute(q)}
+    return key_ids - valid
+
+
+async def announce_credentials(conn: AsyncConnection) -> None:
+    """Tell every PostgreSQL process, at commit, that credentials ended (a session signed
+    out); SQLite has one API process per file, told in memory."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {KEYS_CHANNEL}"))

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from flowhook.store.models import Mode
 from flowhook.store.tables import web_sessions
 
-__all__ = ["WebSession", "insert_session", "find_session", "delete_session"]
+__all__ = ["WebSession", "insert_session", "find_session", "delete_session", "ended_among"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +52,13 @@ async def find_session(conn: AsyncConnection, token_hash: str, now: datetime) ->
 
 async def delete_session(conn: AsyncConnection, token_hash: str) -> None:
     await conn.execute(delete(web_sessions).where(web_sessions.c.token_hash == token_hash))
+
+
+async def ended_among(conn: AsyncConnection, token_hashes: set[str], now: datetime) -> set[str]:
+    """Those of ``token_hashes`` whose session ended (signed out, or expired)."""
+    if not token_hashes:
+        return set()
+    q = select(web_sessions.c.token_hash).where(
+        web_sessions.c.token_hash.in_(token_hashes), web_sessions.c.expires_at > now
+    )
+    return token_hashes - {row[0] for row in await conn.execute(q)}

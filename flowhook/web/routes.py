@@ -26,6 +26,7 @@ from flowhook.clock import isoformat
 from flowhook.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import EVENT_TYPES
 from flowhook.service import Principal, Services
+from flowhook.service.sessions import session_hash
 from flowhook.signing import build_headers, new_secret
 from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
 from flowhook.store.sessions import WebSession
@@ -431,7 +432,8 @@ async def run_stream(run_id: str, p: Page = PageDep) -> Response:
     with the session instead of a key). ``?after=`` is the last event the page was drawn
     with, so the stream starts after it (``Last-Event-ID``, on a reconnect, wins)."""
     last = p.request.headers.get("last-event-id") or p.request.query_params.get("after")
-    return await open_run_stream(p.request, p.services, p.who, run_id, last)
+    session = session_hash(p.request.cookies.get(COOKIE, ""))  # signing out ends the stream
+    return await open_run_stream(p.request, p.services, p.who, run_id, last, session)
 
 
 async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = None) -> Response:

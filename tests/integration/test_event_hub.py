@@ -1,10 +1,12 @@
 """The event hub on both backends: commits of this process and of another, ids that commit
-out of order, one read shared by many streams, slow clients dropped, the cap per key."""
+out of order, one read shared by many streams, slow clients dropped, the cap per key, and
+streams closed when their key is revoked or their session ends."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
 
@@ -13,10 +15,15 @@ from flowhook.config import Settings
 from flowhook.errors import RateLimited
 from flowhook.events import make_event
 from flowhook.service import Principal
+from flowhook.service.auth import KeyService
+from flowhook.service.sessions import session_hash
 from flowhook.service.streams import EventHub, Subscription, sse_message
 from flowhook.store import events as events_store
+from flowhook.store import keys as keys_store
+from flowhook.store import sessions as sessions_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Mode
+from flowhook.store.sessions import WebSession
 
 WHO = Principal(workspace_id="ws_a", mode=Mode.TEST, key_id="key_a")
 OTHER = Principal(workspace_id="ws_b", mode=Mode.TEST, key_id="key_b")
@@ -237,5 +244,59 @@ async def test_a_stream_never_gets_what_it_resumed_after(db: Database) -> None:
         new = event("run_1")
         await commit(db, [new])
         assert [e.id for e in await received(resumed, 1)] == [new.id]
+    finally:
+        await hub.stop()
+
+
+async def _ended(sub: Subscription) -> None:
+    async with asyncio.timeout(20):
+        while not sub.ended:
+            await sub.next_batch(1.0)
+
+
+async def test_a_revoked_key_or_an_ended_session_closes_its_streams(db: Database) -> None:
+    clock = SystemClock()
+    keys = KeyService(db, clock)
+    a, b = [await keys.create(Mode.TEST, "ws") for _ in range(2)]
+    who_a, who_b = (Principal(k.api_key.workspace_id, Mode.TEST, k.api_key.id) for k in (a, b))
+    token = "t" * 43
+    session = WebSession(
+        who_b.key_id, who_b.workspace_id, Mode.TEST, "csrf", clock.now() + timedelta(hours=1)
+    )
+    async with db.transaction() as conn:
+        await sessions_store.insert_session(conn, session_hash(token), session, clock.now())
+    hub = await started(db, poll_interval=60, recheck_every=3600)
+    try:
+        workspace, run = hub.subscribe(who_a), hub.subscribe(who_a, run_id="run_1")
+        page = hub.subscribe(who_b, run_id="run_1", session=session_hash(token))
+        kept = hub.subscribe(who_b)
+        async with db.transaction() as conn:  # as another process would: nothing told
+            await keys_store.revoke_key(conn, who_a.key_id, clock.now())
+            await sessions_store.delete_session(conn, session_hash(token))
+        hub.credentials_ended()  # what RevocationWatch and sign-out call
+        await _ended(workspace)
+        await _ended(run)
+        await _ended(page)
+        assert not kept.ended and hub.open_streams == 1
+        await commit(db, [event("run_1", who=who_b)])
+        assert len(await received(kept, 1)) == 1
+    finally:
+        await hub.stop()
+
+
+async def test_streams_are_checked_again_at_each_heartbeat_untold(db: Database) -> None:
+    clock = SystemClock()
+    created = await KeyService(db, clock).create(Mode.TEST, "ws")
+    who = Principal(created.api_key.workspace_id, Mode.TEST, created.api_key.id)
+    hub = await started(db, poll_interval=60, recheck_every=0.2)
+    try:
+        sub = hub.subscribe(who)
+        async with asyncio.timeout(20):
+            while hub.rechecks < 2:
+                await asyncio.sleep(0.05)
+        assert not sub.ended  # a valid key's stream is left alone
+        async with db.transaction() as conn:
+            await keys_store.revoke_key(conn, who.key_id, clock.now())
+        await _ended(sub)  # no credentials_ended(): the backstop found it
     finally:
         await hub.stop()

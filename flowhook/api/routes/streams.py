@@ -17,7 +17,6 @@ from starlette.types import Receive, Scope, Send
 
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.models import error_responses
-from flowhook.config import Settings
 from flowhook.service import Principal, Services
 from flowhook.service.streams import (
     EventHub,
@@ -74,16 +73,21 @@ class EventStreamResponse(StreamingResponse):
 
 
 @contextlib.asynccontextmanager
-async def running_hub(db: Database, settings: Settings) -> AsyncIterator[EventHub]:
-    """The process's hub, from the app's start to its end. Under uvicorn, SIGTERM or SIGINT
-    ends every open stream at once: uvicorn waits for open responses before it shuts the
-    app down, and a stream never finishes by itself."""
+async def running_hub(db: Database, services: Services) -> AsyncIterator[EventHub]:
+    """The process's hub, from the app's start to its end; a revoked key or an ended
+    session closes its streams. Under uvicorn, SIGTERM or SIGINT ends every open stream at
+    once: uvicorn waits for open responses before it shuts the app down, and a stream never
+    finishes by itself."""
+    settings = services.settings
     hub = EventHub(
         db,
         poll_interval=settings.stream_poll_interval,
         queue_size=settings.stream_queue,
         max_per_key=settings.max_streams_per_key,
+        recheck_every=settings.stream_heartbeat,
+        clock=services.clock,
     )
+    services.keys.on_credentials_ended(hub.credentials_ended)
     await hub.start()
     try:
         with _closed_on_exit_signal(hub):
@@ -129,14 +133,19 @@ def hub_of(request: Request) -> EventHub:
 
 
 async def open_run_stream(
-    request: Request, services: Services, who: Principal, run_id: str, last_event_id: str | None
+    request: Request,
+    services: Services,
+    who: Principal,
+    run_id: str,
+    last_event_id: str | None,
+    session: str | None = None,
 ) -> EventStreamResponse:
     """The run's stream for ``who`` (404 for a run another workspace or mode owns); the
-    API's route and the run page's both answer with it."""
+    API's route and the run page's (``session``: its session's hash) both answer with it."""
     after = check_last_event_id(last_event_id)
     await services.runs.get(who, run_id, nested=False)
     hub = hub_of(request)
-    sub = hub.subscribe(who, run_id=run_id, after=after)
+    sub = hub.subscribe(who, run_id=run_id, after=after, session=session)
     heartbeat = services.settings.stream_heartbeat
     body = run_messages(hub, services.db, sub, after=after, heartbeat=heartbeat)
     return EventStreamResponse(body, hub, sub)
