@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     """Largest step output (as JSON) stored; a step whose output is larger fails."""
     max_map_items: int = Field(default=1000, ge=1, le=100_000)
     """The longest list a ``map`` step takes; a longer one fails the step."""
+    max_run_tree: int = Field(default=10_000, ge=1)
+    """Runs that ``flow`` steps may start under one top-level run, at any depth and counting
+    those that ended; past it the ``flow`` step fails (``run_tree_exhausted``)."""
 
     # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
     webhook_retry_schedule: str = "30,120,600,3600"
@@ -83,6 +86,9 @@ class Settings(BaseSettings):
     delivery_retention_days: float = Field(default=7.0, gt=0)
     """Delivered events' bodies and their attempts' response excerpts are cleared after this
     (events a pending or failed delivery still needs keep theirs until the run goes)."""
+    max_active_runs_per_workspace: int = Field(default=100_000, ge=0)
+    """Queued and running runs one workspace may have in each mode; executes past it answer
+    429 with Retry-After. 0 turns the cap off."""
     rate_limit: float = Field(default=1000.0, ge=0)
     """API requests a second per key (token bucket, bursts of twice that); 0 turns it off."""
 
@@ -91,6 +97,8 @@ class Settings(BaseSettings):
     """Seconds between comment lines on an idle stream (proxies close silent connections)."""
     max_streams_per_key: int = Field(default=100, ge=1)
     """Streams one API key may hold open on one API process; more answer 429."""
+    stream_write_timeout: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds a stream's client may take no bytes before it is dropped."""
     stream_queue: int = Field(default=1000, ge=1)
     """Events a stream may have waiting for a slow client; past that it is closed."""
     stream_poll_interval: float = Field(default=1.0, gt=0, le=60)

@@ -41,6 +41,7 @@ class Runtime:
             allow_private_targets=settings.allow_private_targets,
             max_step_output_bytes=settings.max_step_output_bytes,
             max_map_items=settings.max_map_items,
+            max_run_tree=settings.max_run_tree,
             plugins=settings.plugin_modules,
             public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
         )

@@ -96,6 +96,8 @@ def create_app(
                 await runtime.stop()
             if revocations is not None:
                 await revocations.stop()
+            if hasattr(app.state, "services"):
+                await app.state.services.runs.active.stop()
             await db.dispose()
             tracing.stop()  # exports the spans still buffered
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 from fastapi import Depends, Query
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool
 from pydantic_core import PydanticCustomError
 
 from flowhook import tracing
@@ -153,6 +153,25 @@ class RunAccepted(BaseModel):
 
 class RerunAccepted(RunAccepted):
     rerun_of: str = Field(description="The run this one reruns.")
+
+
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tree: StrictBool = Field(
+        default=False,
+        description="Also cancel every unfinished run of the run's tree (the runs its `flow` "
+        "steps started, theirs, and so on), even when the run itself has ended. Only a "
+        "top-level run has a tree to cancel.",
+    )
+
+
+class TreeCancelled(BaseModel):
+    cancelled: int = Field(description="Runs of the tree cancelled at once (no worker held them).")
+    cancelling: int = Field(
+        description="Runs of the tree a worker holds: each is flagged and ends `cancelled` "
+        "within about a second."
+    )
 
 
 class RerunRequest(BaseModel):

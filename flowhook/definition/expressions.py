@@ -13,10 +13,18 @@ and evaluated again off the loop: expressions have no side effects). Its worst c
 a few tens of milliseconds, its usual one microseconds. Every other evaluation runs under
 the time bound in the process's expression thread (:func:`evaluate`), so the event loop
 keeps serving while it runs.
+
+Compiling is bounded too: Jinja's compile time grows with an expression's length and faster
+than linearly with its nesting (a chain of 150 ``+`` took 0.6 s), so one expression may be at
+most :data:`MAX_EXPRESSION_CHARS` long and :data:`MAX_EXPRESSION_DEPTH` deep when a flow is
+saved (:func:`check_size`). A string is
+compiled once per process (:func:`compile_value` remembers the last
+:data:`COMPILED_CACHE` of them), so saving a flow and running it compile it once.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -36,13 +44,17 @@ from flowhook.definition.sandbox import (
 )
 
 __all__ = [
+    "MAX_EXPRESSION_CHARS",
+    "MAX_EXPRESSION_DEPTH",
     "MAX_BUILT",
     "MAX_EVAL_SECONDS",
     "MAX_SEQUENCE",
     "ExpressionError",
     "Renderer",
+    "check_size",
     "compile_value",
     "evaluate",
+    "expression_chars",
     "referenced_steps",
 ]
 
@@ -191,7 +203,31 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+MAX_EXPRESSION_CHARS = 4000
+"""The longest string holding an expression (``{{``, ``{%``): about 0.15 s to compile."""
+
+MAX_EXPRESSION_DEPTH = 32
+"""How deeply an expression's syntax may nest (``a + b + c`` nests once per ``+``)."""
+
+COMPILED_CACHE = 1024
+
+
+def _depth(tree: nodes.Node) -> int:
+    """How deeply ``tree`` nests (without recursion: it may be deep)."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, level = todo.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_EXPRESSION_DEPTH:
+            return deepest
+        todo.extend((child, level + 1) for child in node.iter_child_nodes())
+    return deepest
+
+
+@functools.lru_cache(maxsize=COMPILED_CACHE)
 def _compile_string(source: str) -> tuple[_Fn, int, frozenset[str]]:
+    """One string's compiled form; remembered (it is pure), so the definition's check when it
+    is saved and the engine's first run of it share one compile in one process."""
     whole = _WHOLE.match(source)
     is_whole = bool(whole and "{{" not in whole["expr"] and "}}" not in whole["expr"])
     if not is_whole and "{{" not in source and "{%" not in source:
@@ -279,6 +315,35 @@ def referenced_steps(value: Any) -> set[str]:
             if named and isinstance(key, nodes.Const) and isinstance(key.value, str):
                 found.add(key.value)
     return found
+
+
+def check_size(value: Any) -> None:
+    """Raise :class:`ExpressionError` for a string of ``value`` whose expression is longer
+    than :data:`MAX_EXPRESSION_CHARS` or nests deeper than :data:`MAX_EXPRESSION_DEPTH`:
+    what a definition is checked for when it is saved, before anything of it is compiled.
+    (A stored definition is compiled as it is: caps never break a flow saved before them.)"""
+    for source in _strings(value):
+        if "{{" not in source and "{%" not in source:
+            continue
+        if len(source) > MAX_EXPRESSION_CHARS:
+            raise ExpressionError(
+                f"is {len(source)} characters long, more than the {MAX_EXPRESSION_CHARS} an "
+                "expression may have; split it over several steps or fields"
+            )
+        try:
+            tree = SANDBOX.parse(source)
+        except TemplateError as exc:
+            raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+        if _depth(tree) > MAX_EXPRESSION_DEPTH:
+            raise ExpressionError(
+                f"{source[:60]!r}…: nests deeper than {MAX_EXPRESSION_DEPTH} levels (a chain "
+                "of that many operators); split it into steps"
+            )
+
+
+def expression_chars(value: Any) -> int:
+    """The characters of a value's strings that hold expressions (what compiling costs)."""
+    return sum(len(s) for s in _strings(value) if "{{" in s or "{%" in s)
 
 
 def _strings(value: Any) -> list[str]:

@@ -4,6 +4,7 @@ step ids, jump targets that exist and lie ahead, expressions that compile)."""
 from __future__ import annotations
 
 import re
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -12,13 +13,55 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from flowhook.definition.expressions import ExpressionError, compile_value, referenced_steps
+from flowhook.definition.expressions import (
+    ExpressionError,
+    check_size,
+    compile_value,
+    expression_chars,
+    referenced_steps,
+)
 from flowhook.definition.requests import request_problem
 from flowhook.definition.schema import FLOW_SCHEMA, RESERVED_OUTPUT_FIELDS
 from flowhook.errors import InvalidDefinition
 from flowhook.targets import TargetRefused, check_url
 
-__all__ = ["validate_definition", "ACTIONS"]
+__all__ = [
+    "validate_definition",
+    "ACTIONS",
+    "MAX_DEFINITION_EXPRESSION_CHARS",
+    "COMPILE_SECONDS",
+]
+
+MAX_DEFINITION_EXPRESSION_CHARS = 32_000
+"""All the expressions of one definition together, in characters (about 1.5 s to compile)."""
+
+COMPILE_SECONDS = 5.0
+"""The time a definition's expressions may take to compile before it is refused."""
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What compiling one definition's expressions may still cost."""
+
+    deadline: float
+    chars: int = 0
+
+    def take(self, value: Any, field: str, label: str) -> None:
+        self.chars += expression_chars(value)
+        if self.chars > MAX_DEFINITION_EXPRESSION_CHARS:
+            raise InvalidDefinition(
+                f"{label}: {field} brings the definition's expressions to {self.chars} "
+                f"characters, more than the {MAX_DEFINITION_EXPRESSION_CHARS} one flow may "
+                "have; move the work into fewer, shorter expressions or a python step",
+                field=field,
+            )
+        if time.monotonic() > self.deadline:
+            raise InvalidDefinition(
+                f"{label}: {field}: the definition's expressions took longer than "
+                f"{COMPILE_SECONDS:g} s to compile; make them shorter",
+                field=field,
+            )
+
 
 ACTIONS = frozenset({"continue", "end", "fail"})
 _validator = Draft202012Validator(FLOW_SCHEMA)
@@ -136,13 +179,14 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
                 field=f"{placed.field}.id",
             )
         first[sid] = placed
+    budget = _Budget(time.monotonic() + COMPILE_SECONDS)
     for placed in everything:
-        _check_step(placed, set(first), allow_private_targets=allow_private_targets)
+        _check_step(placed, set(first), budget, allow_private_targets=allow_private_targets)
     if "output" in definition:
-        _check_expressions(definition["output"], "definition.output", "output", set(first))
+        _check_expressions(definition["output"], "definition.output", "output", set(first), budget)
     for field, value in _control_expressions(definition):
         # read when the run is accepted: the payload is all there is
-        _check_expressions(value, f"definition.{field}", field, set())
+        _check_expressions(value, f"definition.{field}", field, set(), budget)
     return definition  # type: ignore[no-any-return]
 
 
@@ -158,7 +202,9 @@ def _control_expressions(definition: dict[str, Any]) -> list[tuple[str, Any]]:
     return found
 
 
-def _check_step(placed: _Placed, ids: set[str], *, allow_private_targets: bool) -> None:
+def _check_step(
+    placed: _Placed, ids: set[str], budget: _Budget, *, allow_private_targets: bool
+) -> None:
     step, label = placed.step, placed.label
     if step["type"] == "condition":
         later = {s["id"] for s in placed.siblings[placed.position + 1 :]}
@@ -174,7 +220,7 @@ def _check_step(placed: _Placed, ids: set[str], *, allow_private_targets: bool) 
     for key, value in step.items():
         if key in ("id", "type", "then", "else", "description", "branches", "steps"):
             continue
-        _check_expressions(value, f"{placed.field}.{key}", label, ids)
+        _check_expressions(value, f"{placed.field}.{key}", label, ids, budget)
     if step["type"] == "http":
         _check_request(step["request"], f"{placed.field}.request", label,
                        allow_private_targets=allow_private_targets)  # fmt: skip
@@ -193,8 +239,10 @@ def _check_output_names(output: Any) -> None:
             )
 
 
-def _check_expressions(value: Any, field: str, label: str, ids: set[str]) -> None:
+def _check_expressions(value: Any, field: str, label: str, ids: set[str], budget: _Budget) -> None:
+    budget.take(value, field, label)
     try:
+        check_size(value)
         compile_value(value)
         unknown = sorted(referenced_steps(value) - ids)
     except ExpressionError as exc:

@@ -54,6 +54,7 @@ from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import signals as signals_store
+from flowhook.store import trees as trees_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.types import json_has_nul
@@ -121,6 +122,13 @@ class _Pending:
 
     def __bool__(self) -> bool:
         return bool(self.steps or self.events or self.values)
+
+
+async def _build(definition: dict[str, Any]) -> CompiledFlow:
+    """A flow version compiled off the event loop: its expressions may take a second to
+    compile (bounded when it was saved), and the runs of every other flow go on meanwhile. In
+    the process that saved it the compiled expressions are remembered, so this is quick."""
+    return await asyncio.to_thread(CompiledFlow.build, definition)
 
 
 @dataclass(slots=True)
@@ -207,10 +215,12 @@ class Executor:
         cache_size: int = 1024,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_map_items: int = 1000,
+        max_run_tree: int = 10_000,
         apply: Callable[[runs_store.Progress], Awaitable[bool]] | None = None,
         public_url: str = "http://127.0.0.1:8080",
     ) -> None:
         self._max_map_items = max_map_items
+        self._max_run_tree = max_run_tree
         self._scopes: OrderedDict[
             tuple[str, int], asyncio.Future[tuple[Context, datetime] | None]
         ] = OrderedDict()
@@ -289,7 +299,7 @@ class Executor:
                 definition = await flows_store.get_definition(conn, *key)
             if definition is None:
                 return None
-            compiled = CompiledFlow.build(definition)
+            compiled = await _build(definition)
             self._flows[key] = compiled
             if len(self._flows) > self._cache_size:
                 self._flows.popitem(last=False)
@@ -1051,7 +1061,7 @@ class Executor:
         lease until its end wakes the run (or the step's time is up); else go on with
         ``{"run_id"}``. The child's insert and the step's record are one commit, so a crash
         never starts a second child."""
-        run, step = state.run, attempt.step
+        run = state.run
         spec = outcome.output
         depth = int((run.scope or {}).get("depth", 0)) + 1
         if depth > MAX_DEPTH:
@@ -1068,11 +1078,39 @@ class Executor:
             flow_id=flow.flow_id, flow_version=flow.version, trigger="flow",
             status=RunStatus.QUEUED, payload=spec["payload"], queued_at=now,
             parent_run_id=run.run_id, parent_idx=attempt.idx,
-            scope={"depth": depth, "caller": run.root_run_id or run.run_id},
-            traceparent=self._under_step(run, attempt),
+            scope={"depth": depth, "caller": run.root_run_id or run.run_id, "tree": run.tree},
+            traceparent=self._under_step(run, attempt), tree_run_id=run.tree,
         )  # fmt: skip
+        async with self._db.transaction() as conn:
+            # The tree's budget first: refused, nothing of this transaction is written.
+            refused = await trees_store.take_child(conn, run.tree, self._max_run_tree)
+            if refused is None:
+                progress = self._started_child(state, attempt, outcome, child, now)
+                await runs_store.insert_run(conn, child)
+                [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
+                if not ok:
+                    raise runs_store.LeaseLost(run.run_id)
+        if refused == "budget":
+            problem = (
+                f"the runs started under {run.tree} reached {self._max_run_tree}, the most "
+                "one run's sub-flows may start (FLOWHOOK_MAX_RUN_TREE)"
+            )
+            return await self._step_failed(state, attempt, "run_tree_exhausted", problem)
+        if refused is not None:
+            problem = f"the runs under {run.tree} were cancelled; no run may start there"
+            return await self._step_failed(state, attempt, "run_tree_cancelled", problem)
+        state.pending = _Pending()
+        run.status = RunStatus.RUNNING
+        return RunStatus.RUNNING if spec["wait"] else None
+
+    def _started_child(
+        self, state: _InFlight, attempt: _Attempt, outcome: Outcome, child: Run, now: datetime
+    ) -> runs_store.Progress:
+        """The run's progress once its ``flow`` step started ``child``: with ``wait``, asleep
+        in the step; else on past it with ``{"run_id"}``."""
+        step, spec = attempt.step, outcome.output
         if spec["wait"]:
-            output = {"run_id": child.run_id, "flow_id": flow.flow_id, "until": spec["until"]}
+            output = {"run_id": child.run_id, "flow_id": child.flow_id, "until": spec["until"]}
             state.pending.steps.append(
                 RunStep(
                     idx=attempt.idx, step_id=step.id, type=step.type, status=StepStatus.WAITING,
@@ -1080,20 +1118,11 @@ class Executor:
                 )
             )  # fmt: skip
             wake = min(outcome.wait_until or state.deadline, state.deadline)
-            progress = self._progress(state, **_released(wake))
-        else:
-            done = Outcome(output={"run_id": child.run_id})
-            self._record(state, attempt.record(StepStatus.COMPLETED, now, done))
-            state.idx += 1
-            progress = self._progress(state)
-        async with self._db.transaction() as conn:
-            await runs_store.insert_run(conn, child)
-            [ok] = await runs_store.apply_progress(conn, [progress], owner=self._owner)
-            if not ok:
-                raise runs_store.LeaseLost(run.run_id)
-        state.pending = _Pending()
-        run.status = RunStatus.RUNNING
-        return RunStatus.RUNNING if spec["wait"] else None
+            return self._progress(state, **_released(wake))
+        done = Outcome(output={"run_id": child.run_id})
+        self._record(state, attempt.record(StepStatus.COMPLETED, now, done))
+        state.idx += 1
+        return self._progress(state)
 
     @staticmethod
     def _under_step(run: Run, attempt: _Attempt) -> str:
@@ -1193,8 +1222,14 @@ class Executor:
                 parent_run_id=run.run_id,
                 parent_idx=attempt.idx,
                 root_run_id=run.root_run_id or run.run_id,
-                scope={"step": step.id, "depth": (run.scope or {}).get("depth", 0), **spec},
+                scope={
+                    "step": step.id,
+                    "depth": (run.scope or {}).get("depth", 0),
+                    "tree": run.tree,
+                    **spec,
+                },
                 traceparent=under,
+                tree_run_id=run.tree,
             )
             for spec in specs
         ]
@@ -1338,7 +1373,7 @@ class Executor:
         if compiled is None and version is not None:
             definition = await flows_store.get_definition(conn, flow_id, version)
             if definition is not None:
-                compiled = CompiledFlow.build(definition)
+                compiled = await _build(definition)
                 self._flows[(flow_id, version)] = compiled
                 if len(self._flows) > self._cache_size:
                     self._flows.popitem(last=False)

@@ -92,6 +92,7 @@ class Worker(Consumer):
         allow_private_targets: bool = False,
         max_step_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_map_items: int = 1000,
+        max_run_tree: int = 10_000,
         plugins: list[str] | None = None,
         owner: str | None = None,
         public_url: str = "http://127.0.0.1:8080",
@@ -110,6 +111,7 @@ class Worker(Consumer):
         self._allow_private = allow_private_targets
         self._max_output = max_step_output_bytes
         self._max_map_items = max_map_items
+        self._max_run_tree = max_run_tree
         load_plugins(plugins or [])
         self.dispatcher: Taker | None = None
         """The dispatcher of this process, which takes the deliveries the progress
@@ -124,6 +126,7 @@ class Worker(Consumer):
             max_claims=max_claims,
             max_output_bytes=max_step_output_bytes,
             max_map_items=max_map_items,
+            max_run_tree=max_run_tree,
             apply=self._writes.submit,
             public_url=public_url,
         )
@@ -143,6 +146,7 @@ class Worker(Consumer):
                 max_claims=self._max_claims,
                 max_output_bytes=self._max_output,
                 max_map_items=self._max_map_items,
+                max_run_tree=self._max_run_tree,
                 apply=self._writes.submit,
                 public_url=self._public_url,
             )

@@ -34,7 +34,7 @@ class Services:
             db, clock, cache_seconds=settings.key_cache_seconds, rate_limit=settings.rate_limit
         )
         self.flows = FlowService(db, clock, allow_private_targets=settings.allow_private_targets)
-        self.runs = RunService(db, clock, wakeup)
+        self.runs = RunService(db, clock, wakeup, max_active=settings.max_active_runs_per_workspace)
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from flowhook.clock import Clock
@@ -25,9 +26,17 @@ class FlowService:
         self._clock = clock
         self._allow_private = allow_private_targets
 
+    async def _validated(self, definition: Any) -> dict[str, Any]:
+        """The definition, checked off the event loop: compiling its expressions may take
+        a second or more (bounded by validate.COMPILE_SECONDS), and every tenant's requests
+        go on meanwhile."""
+        return await asyncio.to_thread(
+            validate_definition, definition, allow_private_targets=self._allow_private
+        )
+
     async def create(self, who: Principal, definition: Any) -> Flow:
         check_json(definition, "definition")
-        definition = validate_definition(definition, allow_private_targets=self._allow_private)
+        definition = await self._validated(definition)
         async with self._db.transaction() as conn:
             return await flows_store.insert_flow(
                 conn,
@@ -41,7 +50,7 @@ class FlowService:
 
     async def update(self, who: Principal, flow_id: str, definition: Any) -> Flow:
         check_json(definition, "definition")
-        definition = validate_definition(definition, allow_private_targets=self._allow_private)
+        definition = await self._validated(definition)
         async with self._db.transaction() as conn:
             flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
             if flow is None:

@@ -22,6 +22,7 @@ __all__ = [
     "RUNS_HELD",
     "DATABASE_SIZE",
     "DATABASE_FREE",
+    "STREAMS_OPEN",
 ]
 
 OLDEST_PENDING = Gauge(
@@ -53,7 +54,14 @@ DATABASE_FREE = Gauge(
 )
 
 
-async def refresh_gauges(services: Services) -> None:
+STREAMS_OPEN = Gauge(
+    "flowhook_event_streams_open",
+    "Event streams (Server-Sent Events) this API process has open now.",
+)
+
+
+async def refresh_gauges(services: Services, *, streams_open: int = 0) -> None:
+    STREAMS_OPEN.set(streams_open)
     async with services.db.read() as conn:
         oldest = await webhooks_store.oldest_pending(conn)
         depth, oldest_run = await runs_store.queue_depth(conn)

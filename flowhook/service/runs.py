@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from flowhook.errors import (
 from flowhook.events import cancelled_event, run_duration_ms
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
+from flowhook.service.active import ActiveRuns
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
@@ -41,9 +43,11 @@ from flowhook.store import control as store_control
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
+from flowhook.store import trees as trees_store
 from flowhook.store.db import Database
 from flowhook.store.models import Event, Flow, Mode, Run, RunStatus
 from flowhook.store.statistics import StatisticsKeeper
+from flowhook.store.trees import TreeCancel
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
@@ -152,8 +156,10 @@ class _StartRequest:
 
 
 class RunService:
-    def __init__(self, db: Database, clock: Clock, wakeup: Wakeup) -> None:
+    def __init__(self, db: Database, clock: Clock, wakeup: Wakeup, *, max_active: int = 0) -> None:
         self._db = db
+        self.active = ActiveRuns(db, max_active)
+        """The cap on a workspace's unfinished runs (0: none)."""
         self._clock = clock
         self._wakeup = wakeup
         self._group: GroupCommit[_StartRequest, Started] = GroupCommit(
@@ -193,6 +199,7 @@ class RunService:
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         if priority is not None:
             priority = check_priority(priority, "priority")
+        self.active.check(who)
         started = await self._group.submit(
             _StartRequest(
                 who,
@@ -208,6 +215,7 @@ class RunService:
         )
         if not started.replayed:
             self.statistics.wrote(1)
+            self.active.accepted(who)
         return started
 
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
@@ -522,6 +530,20 @@ class RunService:
         async with self._db.read() as conn:
             return await events_store.list_events_for_run(conn, run_id)
 
+    async def events_page(
+        self, who: Principal, run_id: str, *, limit: int, cursor: str | None
+    ) -> Page[Event]:
+        """One page of the run's events, oldest first; ``cursor``: the last event of the
+        page before."""
+        await self.get(who, run_id, nested=False)
+
+        async def fetch(conn: AsyncConnection, after: str | None, n: int) -> list[Event]:
+            return await events_store.list_events_for_run(conn, run_id, after=after, limit=n)
+
+        return await listed(
+            self._db, "evt", limit=limit, cursor=cursor, fetch=fetch, cursor_of=lambda e: e.id
+        )
+
     async def list(
         self,
         who: Principal,
@@ -585,6 +607,35 @@ class RunService:
         if not ended:
             self._wakeup.notify()
         return run
+
+    async def cancel_tree(self, who: Principal, run_id: str) -> tuple[Run, TreeCancel]:
+        """Cancel a top-level run, finished or not, and every unfinished run of its tree (the
+        runs its ``flow`` steps started, theirs, and the branches and items of all of them),
+        in a fixed number of statements whatever the tree's size, across processes: runs no
+        worker holds end here, the others are flagged and their workers end them. No run of
+        the tree may start another afterwards."""
+        run = await self.get(who, run_id, nested=False)
+        if run.parent_run_id is not None:
+            raise InvalidInput(
+                f"run {run_id!r} was started by a flow step of another run; cancel the tree "
+                f"from its top-level run {run.tree!r}",
+                field="tree",
+            )
+        if not run.status.terminal:
+            with contextlib.suppress(Conflict):  # it ended meanwhile: its tree still goes
+                run = await self.cancel(who, run_id)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            tree = await trees_store.cancel_tree(conn, run.run_id, now)
+            await store_control.free_slots(conn, tree.ended, now)
+            runs_ended = [r for r in tree.ended if r.root_run_id is None]  # not the parts
+            await events_store.insert_events(conn, [cancelled_event(r, now) for r in runs_ended])
+        if tracing.ENABLED:
+            for r in runs_ended:
+                tracing.run_span(r, "cancelled", None, now)
+        if tree.flagged:
+            self._wakeup.notify()
+        return run, tree
 
     async def _cancel_unleased(
         self, conn: AsyncConnection, who: Principal, run: Run, now: datetime

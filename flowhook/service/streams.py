@@ -31,7 +31,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from flowhook.backoff import backoff
@@ -76,7 +76,10 @@ LOOKBACK_MS = 5_000
 """The catch-up read's window, behind the newest time."""
 
 READ_BATCH = 500
-HISTORY_BATCH = 500
+HISTORY_PAGE = 64
+"""Events of a run's history read at a time (a step's output, in its event, may be 256 KiB)."""
+MAX_CHUNK = 1 << 20
+"""The most one write of a stream's history sends (one event larger than this goes alone)."""
 
 
 def sse_message(event: Event) -> bytes:
@@ -490,13 +493,21 @@ async def run_messages(
         while True:
             async with db.read() as conn:
                 status = await events_store.run_status(conn, run_id)
-                history = await events_store.list_events_for_run(conn, run_id, after=last)
-            chunk, terminal = _unsent(history, sent)
-            if chunk:
-                yield chunk
-            if terminal:
-                return
-            last = max([last or "", *(e.id for e in history)]) or None
+            # the history in pages, each sent before the next is read: a connection holds
+            # one page, however long the run's history is
+            while True:
+                async with db.read() as conn:
+                    history = await events_store.list_events_for_run(
+                        conn, run_id, after=last, limit=HISTORY_PAGE
+                    )
+                messages, terminal = _unsent(history, sent)
+                for chunk in _chunked(messages):
+                    yield chunk
+                if terminal:
+                    return
+                last = max([last or "", *(e.id for e in history)]) or None
+                if len(history) < HISTORY_PAGE:
+                    break
             if status is None or status in ("completed", "failed", "cancelled"):
                 return  # finished (its terminal event, if any, was in the history)
             async for chunk in _live(sub, sent, heartbeat):
@@ -510,18 +521,33 @@ async def run_messages(
         hub.unsubscribe(sub)
 
 
-def _unsent(history: list[Event], sent: set[str]) -> tuple[bytes, bool]:
-    """The messages of a run's events not sent yet, as one chunk, up to its terminal event;
-    and whether that was in it."""
-    chunk: list[bytes] = []
+def _unsent(history: list[Event], sent: set[str]) -> tuple[list[bytes], bool]:
+    """The messages of a run's events not sent yet, up to its terminal event; and whether
+    that was among them."""
+    messages: list[bytes] = []
     for e in history:
         if e.id in sent:
             continue
         sent.add(e.id)
-        chunk.append(sse_message(e))
+        messages.append(sse_message(e))
         if e.type in TERMINAL_EVENTS:
-            return b"".join(chunk), True
-    return b"".join(chunk), False
+            return messages, True
+    return messages, False
+
+
+def _chunked(messages: Iterable[bytes]) -> Iterator[bytes]:
+    """``messages`` joined into writes of at most :data:`MAX_CHUNK` bytes (one message
+    larger than that goes alone)."""
+    chunk: list[bytes] = []
+    size = 0
+    for message in messages:
+        if chunk and size + len(message) > MAX_CHUNK:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+        chunk.append(message)
+        size += len(message)
+    if chunk:
+        yield b"".join(chunk)
 
 
 async def _live(sub: Subscription, sent: set[str], heartbeat: float) -> AsyncIterator[bytes]:
@@ -567,13 +593,13 @@ async def scope_messages(
         while after is not None:
             async with db.read() as conn:
                 history = await events_store.scope_events_after(
-                    conn, sub.workspace_id, sub.mode, after, limit=HISTORY_BATCH,
+                    conn, sub.workspace_id, sub.mode, after, limit=HISTORY_PAGE,
                     flow_id=sub.flow_id, event_type=sub.event_type,
                 )  # fmt: skip
             sent.update(e.id for e in history if e.id >= recent)  # the hub may hand these over
-            if history:
-                yield b"".join(sse_message(e) for e in history)
-            after = history[-1].id if len(history) == HISTORY_BATCH else None
+            for chunk in _chunked(sse_message(e) for e in history):
+                yield chunk
+            after = history[-1].id if len(history) == HISTORY_PAGE else None
         while not sub.ended:
             async for chunk in _live(sub, sent, heartbeat):
                 yield chunk

@@ -94,6 +94,24 @@ async def wake_parent(conn: AsyncConnection, parent_run_id: str, now: datetime) 
         await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
 
 
+UNLEASED = (
+    text(run_move((RunStatus.CANCELLED,), honour_cancel=False)),
+    runs.c.lease_owner.is_(None),
+)
+"""Where a cancel may end a run itself: it may move to cancelled and no worker holds it."""
+
+
+def cancelled_values(now: datetime, duration_ms: Any) -> dict[str, Any]:
+    """The columns of a run a cancel ends (``duration_ms``: a value, or a SQL expression)."""
+    return {
+        "status": str(RunStatus.CANCELLED),
+        "finished_at": now,
+        "cancel_requested_at": now,
+        "duration_ms": duration_ms,
+        "held": None,  # its slot, if any, is the caller's to give on (control.free_slots)
+    }
+
+
 async def cancel_children(
     conn: AsyncConnection, run_ids: Sequence[str], now: datetime, *, idx: int | None = None
 ) -> list[Run]:
@@ -116,18 +134,8 @@ async def cancel_children(
             # the guard (no lease) makes this apply to no row a worker holds
             moved = await conn.execute(
                 update(runs)
-                .where(
-                    runs.c.run_id == run.run_id,
-                    text(run_move((RunStatus.CANCELLED,), honour_cancel=False)),
-                    runs.c.lease_owner.is_(None),
-                )
-                .values(
-                    status=str(RunStatus.CANCELLED),
-                    finished_at=now,
-                    cancel_requested_at=now,
-                    duration_ms=run_duration_ms(run, now),
-                    held=None,  # its slot, if any, is the caller's to give on (free_slots)
-                )
+                .where(runs.c.run_id == run.run_id, *UNLEASED)
+                .values(cancelled_values(now, run_duration_ms(run, now)))
             )
             if moved.rowcount == 1:
                 run.status, run.finished_at, run.cancel_requested_at = (

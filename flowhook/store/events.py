@@ -149,11 +149,14 @@ async def run_status(conn: AsyncConnection, run_id: str) -> str | None:
 
 
 async def list_events_for_run(
-    conn: AsyncConnection, run_id: str, *, after: str | None = None
+    conn: AsyncConnection, run_id: str, *, after: str | None = None, limit: int | None = None
 ) -> list[Event]:
+    """The run's events after ``after``, oldest first (at most ``limit``)."""
     q = select(events).where(events.c.run_id == run_id).order_by(events.c.id)
     if after is not None:
         q = q.where(events.c.id > after)
+    if limit is not None:
+        q = q.limit(limit)
     return [Event.from_row(r) for r in (await conn.execute(q)).all()]
 
 

@@ -216,6 +216,9 @@ class Run:
     parent_idx: int | None = None
     root_run_id: str | None = None
     scope: dict[str, Any] | None = None
+    tree_run_id: str | None = None
+    """A nested run's (a child's, a part's): the top-level run its tree grew from. Written,
+    not read back (its ``scope`` names it too, as ``tree``)."""
     # Flow control (see flowhook/store/control.py)
     priority: int = 0
     concurrency_key: str | None = None
@@ -263,6 +266,11 @@ class Run:
             available_at=due,
             due_at=due,
         )
+
+    @property
+    def tree(self) -> str:
+        """The top-level run of this run's tree (itself, for a top-level run)."""
+        return self.tree_run_id or (self.scope or {}).get("tree") or self.run_id
 
     @property
     def controlled(self) -> bool:
@@ -462,7 +470,10 @@ _RUN_INSERT = (
     *("run_id", "workspace_id", "mode", "flow_id", "flow_version", "trigger", "status"),
     *("queued_at", "next_step", "rerun_of", "traceparent"),
 )
-_RUN_INSERT_NESTED = (*_RUN_INSERT, "parent_run_id", "parent_idx", "root_run_id", "scope")
+_RUN_INSERT_NESTED = (
+    *_RUN_INSERT,
+    *("parent_run_id", "parent_idx", "root_run_id", "scope", "tree_run_id"),
+)
 _RUN_CONTROL = ("priority", "concurrency_key", "throttle_key", "debounce_key", "held")
 _STEP_CONVERT = {"status": StepStatus, "interrupted": lambda v: tuple(v or ())}
 _STEP_COLUMNS = (

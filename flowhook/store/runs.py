@@ -61,7 +61,11 @@ class LeaseLost(Exception):
     the run's status does not allow the move (another process moved it first)."""
 
 
-RUN_COLUMNS = [c for c in runs.c if c.name not in ("idempotency_key", "request_hash")]
+RUN_COLUMNS = [
+    c for c in runs.c if c.name not in ("idempotency_key", "request_hash", "tree_run_id")
+]
+"""What a read of a run takes. Not ``tree_run_id``: written for the tree's cancel (its index),
+read back from the run's ``scope`` (:attr:`Run.tree`)."""
 _RUN_NAMES = tuple(c.name for c in RUN_COLUMNS)
 
 _CLAIMABLE = text(ACTIVE_RUN)

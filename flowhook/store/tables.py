@@ -177,6 +177,9 @@ runs = Table(
     Column("parent_idx", Integer),
     _ref("root_run_id", required=False),
     Column("scope", OptionalJSON),
+    # A nested run's (a child's, a part's): the top-level run its tree grew from, for the
+    # tree's budget and a cancel of the whole tree (run_trees); NULL for a top-level run.
+    _ref("tree_run_id", required=False),
     # Flow control (see flowhook/store/control.py): the keys read when the run was accepted,
     # the concurrency slot it holds from admission to its end, why it is held back, and its
     # place among due runs.
@@ -241,6 +244,18 @@ _partial(  # the run a debounced execute may still join
 )
 _partial(  # a run's parts (branches, map items): nested approvals and targeted signals
     "ix_runs_root", "root_run_id IS NOT NULL", runs.c.root_run_id
+)
+_partial("ix_runs_tree", "tree_run_id IS NOT NULL", runs.c.tree_run_id)  # a tree's runs
+
+run_trees = Table(
+    "run_trees",
+    metadata,
+    # One row per top-level run whose tree started a child run: how many it started (the
+    # budget FLOWHOOK_MAX_RUN_TREE bounds), and when the whole tree was cancelled (after
+    # which none of its runs may start another).
+    _id("run_id"),
+    Column("runs", Integer, nullable=False),
+    _at("cancelled_at", required=False),
 )
 
 # The overview page's (flowhook/store/overview.py): runs by status over time, completed runs'

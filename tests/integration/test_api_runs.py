@@ -64,6 +64,21 @@ async def test_completed_run_raises_the_spec_events_with_the_spec_payload(api: A
     assert set(completed) == {"event", "flow_id", "run_id", "timestamp", "payload"}
     assert completed["run_id"] == run_id and completed["flow_id"] == flow_id
     assert ISO_Z.match(completed["timestamp"])
+    # paginated like every list, oldest first: pages of two, then the rest
+    pages, cursor = [], None
+    while True:
+        params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        r = await api.get(f"/api/v1/flows/runs/{run_id}/events", params=params)
+        assert r.status_code == 200, r.text
+        pages.append([e["id"] for e in r.json()["data"]])
+        cursor = r.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == [[e["id"] for e in events[i : i + 2]] for i in range(0, 5, 2)]
+    r = await api.get(f"/api/v1/flows/runs/{run_id}/events", params={"limit": "101"})
+    assert r.status_code == 400
+    r = await api.get(f"/api/v1/flows/runs/{run_id}/events", params={"cursor": run_id})
+    assert r.status_code == 400 and r.json()["error"] == "cursor is not one this list gave out"
     payload = completed["payload"]
     assert payload["order_id"] == "ord_9"
     assert payload["status"] == "completed"

@@ -302,7 +302,7 @@ async def test_0023_on_sqlite_runs_again_and_leaves_packed_rows_alone(
         engine.dispose()
     db = Database(f"sqlite:///{path}", secret_key=_settings(f"sqlite:///{path}").secret_key)
     try:
-        await migrate(db)  # 0023 itself, over what is already packed
+        await migrate(db, "0023")  # 0023 itself, over what is already packed
         assert _dump(path) == once
         assert await _everything(db) == old["rows"]
     finally:

@@ -234,7 +234,7 @@ def test_only_small_expressions_of_cheap_parts_run_in_place(value: object, inlin
 
 
 def test_a_long_expression_of_cheap_parts_does_not_run_in_place() -> None:
-    assert not compile_value("{{ " + " + ".join(["payload.n"] * 40) + " }}").inline
+    assert not compile_value("{{ " + " + ".join(["payload.n"] * 25) + " }}").inline  # 74 nodes
 
 
 async def test_in_place_only_over_a_small_context_and_small_builds() -> None:
@@ -338,3 +338,32 @@ async def test_stopping_at_the_deadline_never_leaks_into_the_next_evaluation(
     for _ in range(20):
         assert await evaluate(probe, CTX) == "OK"
         assert probe(CTX) == "OK"
+
+
+def test_saving_caps_length_and_nesting() -> None:
+    from flowhook.definition.expressions import (
+        MAX_EXPRESSION_CHARS,
+        MAX_EXPRESSION_DEPTH,
+        check_size,
+    )
+
+    check_size({"v": "{{ " + " + ".join(["1"] * (MAX_EXPRESSION_DEPTH - 2)) + " }}"})  # within
+    deep = "{{ " + " + ".join(["1"] * 150) + " }}"
+    with pytest.raises(ExpressionError, match=f"nests deeper than {MAX_EXPRESSION_DEPTH}"):
+        check_size([deep])
+    long = "{{ '" + "x" * MAX_EXPRESSION_CHARS + "' }}"
+    with pytest.raises(ExpressionError, match=f"more than the {MAX_EXPRESSION_CHARS}"):
+        check_size({"a": {"b": long}})
+    check_size("x" * (MAX_EXPRESSION_CHARS * 2))  # no expression in it: no cap
+    assert compile_value(deep)({}) == 150  # a flow saved before the caps still runs
+
+
+def test_a_string_is_compiled_once_per_process() -> None:
+    from flowhook.definition import expressions
+
+    source = "{{ payload.once_only_" + str(id(object())) + " }}"
+    before = expressions._compile_string.cache_info()
+    compile_value({"a": source})  # the definition's check when it is saved
+    compile_value([source])  # the engine's compile of its first run
+    after = expressions._compile_string.cache_info()
+    assert after.misses == before.misses + 1 and after.hits >= before.hits + 1

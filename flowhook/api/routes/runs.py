@@ -14,6 +14,7 @@ from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.fast import accepted
 from flowhook.api.models import (
     IDEMPOTENCY_KEY_DOC,
+    CancelRequest,
     ExecuteRequest,
     PagingDep,
     RerunAccepted,
@@ -21,6 +22,7 @@ from flowhook.api.models import (
     RunAccepted,
     RunList,
     RunRecord,
+    TreeCancelled,
     error_responses,
     page_response,
     run_record,
@@ -111,16 +113,31 @@ async def get_run(
     return ORJSONResponse(run_record(await services.runs.get(who, run_id)))
 
 
+class _TreeRecord(RunRecord):
+    tree: TreeCancelled
+
+
 @router.post(
     "/flows/runs/{run_id}/cancel",
-    summary="Cancel a run",
+    summary="Cancel a run (and, with tree, every run under it)",
     description="A queued run is cancelled at once (200); a running one is flagged and its "
-    "worker ends it `cancelled` (202).",
-    responses={200: {"model": RunRecord}, 202: {"model": RunRecord}, **_ERRORS},
+    'worker ends it `cancelled` (202). With `{"tree": true}` every unfinished run of a '
+    "top-level run's tree is cancelled too, even when the run itself has ended: the answer "
+    "adds `tree` with how many were cancelled at once and how many are ending (202 while any "
+    "is).",
+    responses={200: {"model": _TreeRecord}, 202: {"model": _TreeRecord}, **_ERRORS},
 )
-async def cancel_run(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
-    run = await services.runs.cancel(who, run_id)
-    return ORJSONResponse(run_record(run), status_code=200 if run.status.terminal else 202)
+async def cancel_run(
+    run_id: str, services: ServicesDep, who: CallerDep, body: CancelRequest | None = None
+) -> Response:
+    if body is None or not body.tree:
+        run = await services.runs.cancel(who, run_id)
+        return ORJSONResponse(run_record(run), status_code=200 if run.status.terminal else 202)
+    run, tree = await services.runs.cancel_tree(who, run_id)
+    record = run_record(run)
+    record["tree"] = {"cancelled": len(tree.ended), "cancelling": tree.flagged}
+    done = run.status.terminal and not tree.flagged
+    return ORJSONResponse(record, status_code=200 if done else 202)
 
 
 @router.post(
@@ -161,9 +178,13 @@ async def rerun(
 @router.get(
     "/flows/runs/{run_id}/events",
     summary="The events a run raised, oldest first",
+    description="A page of `limit` events (default 20, at most 100), oldest first; "
+    "`next_cursor` asks for the next page (`null` after the last).",
     responses=_ERRORS,
 )
-async def run_events(run_id: str, services: ServicesDep, who: CallerDep) -> Response:
-    events = await services.runs.events(who, run_id)
-    data = [{"id": e.id, "event": e.type, "body": orjson.Fragment(e.body)} for e in events]
-    return ORJSONResponse({"data": data, "next_cursor": None})
+async def run_events(
+    run_id: str, services: ServicesDep, who: CallerDep, paging: PagingDep
+) -> Response:
+    page = await services.runs.events_page(who, run_id, **paging)
+    data = [{"id": e.id, "event": e.type, "body": orjson.Fragment(e.body)} for e in page.data]
+    return ORJSONResponse({"data": data, "next_cursor": page.next_cursor})

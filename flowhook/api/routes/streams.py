@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -13,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.models import error_responses
@@ -31,6 +33,8 @@ from flowhook.store.db import Database
 __all__ = ["router", "EventStreamResponse", "open_run_stream", "hub_of", "running_hub"]
 
 router = APIRouter(tags=["streams"])
+
+log = logging.getLogger("flowhook.streams")
 
 _ERRORS = error_responses(400, 401, 404, 429, 503)
 
@@ -50,11 +54,38 @@ LastEventId = Annotated[
 ]
 
 
+STALLED = contextvars.ContextVar("flowhook_stream_stalled", default=False)
+"""Set in a stream's request when its client stopped reading and the stream was dropped."""
+
+
+class _Stalled(Exception):
+    pass
+
+
+class _QuietStalled(logging.Filter):
+    """uvicorn says "ASGI callable returned without completing response" at error level for a
+    stream dropped because its client stopped reading; that is expected, and said at info."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not STALLED.get()
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietStalled())
+
+
 class EventStreamResponse(StreamingResponse):
     """``text/event-stream`` whose subscription is released however the response ends
-    (sent in full, client gone, server stopping), even if its body never started."""
+    (sent in full, client gone, server stopping), even if its body never started. A client
+    whose connection takes no bytes for ``write_timeout`` seconds is dropped (its connection
+    closed): what the stream holds for it is then let go."""
 
-    def __init__(self, body: AsyncIterator[bytes], hub: EventHub, sub: Subscription) -> None:
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        hub: EventHub,
+        sub: Subscription,
+        write_timeout: float = 30.0,
+    ) -> None:
         super().__init__(
             body,
             media_type="text/event-stream",
@@ -64,10 +95,24 @@ class EventStreamResponse(StreamingResponse):
         )
         self._hub = hub
         self._sub = sub
+        self._write_timeout = write_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    await send(message)
+            except TimeoutError:
+                raise _Stalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded)
+        except* _Stalled:  # returned unfinished: the server closes the connection
+            STALLED.set(True)
+            log.info(
+                "event streams: a client read nothing for %g s; its stream is closed",
+                self._write_timeout,
+            )
         finally:
             self._hub.unsubscribe(self._sub)
 
@@ -148,7 +193,7 @@ async def open_run_stream(
     sub = hub.subscribe(who, run_id=run_id, after=after, session=session)
     heartbeat = services.settings.stream_heartbeat
     body = run_messages(hub, services.db, sub, after=after, heartbeat=heartbeat)
-    return EventStreamResponse(body, hub, sub)
+    return EventStreamResponse(body, hub, sub, services.settings.stream_write_timeout)
 
 
 @router.get(
@@ -193,4 +238,4 @@ async def events_stream(
     sub = hub.subscribe(who, flow_id=flow_id or None, event_type=event_type, after=after)
     heartbeat = services.settings.stream_heartbeat
     body = scope_messages(hub, services.db, sub, after=after, heartbeat=heartbeat)
-    return EventStreamResponse(body, hub, sub)
+    return EventStreamResponse(body, hub, sub, services.settings.stream_write_timeout)

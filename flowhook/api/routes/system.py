@@ -52,5 +52,6 @@ async def metrics(request: Request, services: ServicesDep) -> Response:
             "unauthenticated",
             {"WWW-Authenticate": "Bearer"},
         )
-    await refresh_gauges(services)
+    hub = getattr(request.app.state, "hub", None)
+    await refresh_gauges(services, streams_open=hub.open_streams if hub is not None else 0)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,123 @@
+"""Run trees: every run a top-level run's ``flow`` steps started, theirs in turn, and the parts
+(branches, map items) of all of them name that top-level run in ``runs.tree_run_id``.
+``run_trees`` holds, per tree that started a child run, how many it started (bounded by
+``FLOWHOOK_MAX_RUN_TREE``) and when the whole tree was cancelled (after which none of its
+runs may start another). Migration 0025 says why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    bindparam,
+    case,
+    cast,
+    extract,
+    func,
+    literal_column,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.events import run_duration_ms
+from flowhook.store.children import UNLEASED, cancelled_values
+from flowhook.store.guards import ACTIVE_RUN
+from flowhook.store.models import Run, RunStatus
+from flowhook.store.runs import RUN_COLUMNS
+from flowhook.store.tables import run_trees, runs
+from flowhook.store.types import UTCDateTime
+
+__all__ = ["take_child", "cancel_tree", "TreeCancel"]
+
+
+def _upsert(conn: AsyncConnection):  # type: ignore[no-untyped-def]  # the dialect's insert
+    return (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(run_trees)
+
+
+async def take_child(conn: AsyncConnection, tree_run_id: str, budget: int) -> str | None:
+    """Count one more child run in the tree of ``tree_run_id``, in the caller's transaction
+    (the one that inserts the child). ``None`` when it may start; else why not: the budget is
+    spent, or the tree was cancelled."""
+    insert = _upsert(conn).values(run_id=tree_run_id, runs=1)
+    insert = insert.on_conflict_do_update(
+        index_elements=[run_trees.c.run_id],
+        set_={"runs": run_trees.c.runs + 1},
+        where=(run_trees.c.runs < budget) & run_trees.c.cancelled_at.is_(None),
+    ).returning(run_trees.c.runs)
+    if (await conn.execute(insert)).first() is not None:
+        return None
+    q = select(run_trees.c.cancelled_at).where(run_trees.c.run_id == tree_run_id)
+    if (await conn.execute(q)).scalar() is not None:
+        return "cancelled"
+    return "budget"
+
+
+@dataclass(slots=True)
+class TreeCancel:
+    ended: list[Run]
+    """The runs of the tree cancelled here (no worker held them)."""
+    flagged: int
+    """The runs a worker holds, flagged: each worker ends its own within a second."""
+
+
+def _duration_ms(conn: AsyncConnection, now: datetime) -> ColumnElement[int]:
+    """A run's ``duration_ms`` when it is cancelled at ``now``, in SQL: as
+    :func:`flowhook.events.run_duration_ms` reckons it."""
+    if conn.dialect.name == "postgresql":
+        at = bindparam("now", now, type_=UTCDateTime())
+        ms = func.greatest(0, func.round(extract("epoch", at - runs.c.started_at) * 1000))
+    else:  # UTCDateTime: microseconds since the epoch
+        micros = bindparam("now", UTCDateTime().process_bind_param(now, conn.dialect), BigInteger)
+        since: ColumnElement[Any] = literal_column("runs.started_at")
+        ms = func.max(0, func.round((micros - since) / 1000.0))
+    return case((runs.c.started_at.is_(None), None), else_=cast(ms, BigInteger))
+
+
+async def cancel_tree(conn: AsyncConnection, tree_run_id: str, now: datetime) -> TreeCancel:
+    """Cancel every unfinished run of the tree of ``tree_run_id`` (not that run itself), in a
+    fixed number of statements whatever the tree's size: the tree is marked cancelled (none
+    of its runs starts another child from now on), the runs no worker holds end
+    ``cancelled``, the others are flagged (their workers end them, and their children)."""
+    mark = _upsert(conn).values(run_id=tree_run_id, runs=0, cancelled_at=now)
+    await conn.execute(
+        mark.on_conflict_do_update(
+            index_elements=[run_trees.c.run_id],
+            set_={"cancelled_at": func.coalesce(run_trees.c.cancelled_at, now)},
+        )
+    )
+    mine = (runs.c.tree_run_id == tree_run_id, text(ACTIVE_RUN))
+    found = {
+        r.run_id: r
+        for r in map(Run.from_row, (await conn.execute(select(*RUN_COLUMNS).where(*mine))).all())
+    }
+    if not found:
+        return TreeCancel([], 0)
+    stopped = await conn.execute(
+        update(runs)
+        .where(*mine, *UNLEASED)
+        .values(cancelled_values(now, _duration_ms(conn, now)))
+        .returning(runs.c.run_id)
+    )
+    ended: list[Run] = []
+    for (run_id,) in stopped.all():
+        run = found.pop(run_id, None)
+        if run is not None:
+            run.duration_ms = run_duration_ms(run, now)  # as the statement wrote it
+            run.status, run.finished_at, run.cancel_requested_at = (
+                RunStatus.CANCELLED, now, now,
+            )  # fmt: skip
+            ended.append(run)
+    flagged = await conn.execute(
+        update(runs)
+        .where(*mine)
+        .values(cancel_requested_at=func.coalesce(runs.c.cancel_requested_at, now))
+    )
+    return TreeCancel(ended, flagged.rowcount)
