@@ -72,7 +72,9 @@ async def test_statements_share_the_blocks_transaction_or_commit_alone(pg: Datab
         assert await _one(conn, TXID) == first
     async with pg.statement() as conn:  # autocommit: each statement a transaction
         first = await _one(conn, TXID)
-        assert await _one(conn, TXID) == first + 1
+        # a later transaction, not necessarily the next id: the ids are the cluster's, and
+        # the other xdist workers' databases take some between the two statements
+        assert await _one(conn, TXID) > first
 
 
 @pytest.fixture
