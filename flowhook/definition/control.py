@@ -21,6 +21,7 @@ __all__ = [
     "FlowControl",
     "Keys",
     "MAX_KEY_LENGTH",
+    "KEY_SECONDS",
     "PRIORITY_RANGE",
     "throttle_start",
     "debounce_due",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 MAX_KEY_LENGTH = 255
+KEY_SECONDS = 0.25
+"""Longest one flow-control key (or priority) may take to evaluate: keys are read when a run
+is accepted, before the execute answers, so they get a budget of their own, far below a
+step's second."""
 PRIORITY_RANGE = (-100, 100)
 
 
@@ -90,7 +95,7 @@ class _Key:
         if self.renderer is None:
             return ""
         try:
-            value = await evaluate(self.renderer, ctx)
+            value = await evaluate(self.renderer, ctx, seconds=KEY_SECONDS)
         except ExpressionError as exc:
             raise InvalidInput(f"{self.field}: {exc}", field=self.field) from None
         if value is None or value == "" or isinstance(value, dict | list):
@@ -169,7 +174,7 @@ class FlowControl:
         if priority is None:
             if self.priority_expression is not None:
                 try:
-                    value = await evaluate(self.priority_expression, ctx)
+                    value = await evaluate(self.priority_expression, ctx, seconds=KEY_SECONDS)
                 except ExpressionError as exc:
                     raise InvalidInput(f"priority: {exc}", field="priority") from None
                 priority = check_priority(value, "priority")

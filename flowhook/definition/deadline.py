@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["MAX_EVAL_SECONDS", "TooSlow", "bounded", "in_thread"]
+__all__ = ["MAX_EVAL_SECONDS", "TooSlow", "bounded", "current_bound", "in_thread"]
 
 MAX_EVAL_SECONDS = 1.0
 """Longest one evaluation may run; past it the evaluation is stopped."""
@@ -51,9 +51,10 @@ class _Watchdog:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def begin(self, tid: int) -> None:
+    def begin(self, tid: int, seconds: float | None = None) -> None:
         with self._lock:
-            self._deadlines[tid] = time.monotonic() + MAX_EVAL_SECONDS
+            bound = MAX_EVAL_SECONDS if seconds is None else seconds
+            self._deadlines[tid] = time.monotonic() + bound
             self._fired.pop(tid, None)
             idle, self._idle = self._idle, False
             if self._thread is None:
@@ -113,15 +114,16 @@ _watchdog = _Watchdog()
 _nesting = threading.local()
 
 
-def bounded(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` stopped with :class:`TooSlow` after :data:`MAX_EVAL_SECONDS` (a call
-    inside a bounded one shares its bound)."""
+def bounded(fn: Callable[..., T], *args: Any, seconds: float | None = None) -> T:
+    """``fn(*args)`` stopped with :class:`TooSlow` after ``seconds`` (default
+    :data:`MAX_EVAL_SECONDS`; a call inside a bounded one shares its bound)."""
     if getattr(_nesting, "on", False):
         return fn(*args)
     tid = threading.get_ident()
     try:
         _nesting.on = True
-        _watchdog.begin(tid)
+        _nesting.seconds = MAX_EVAL_SECONDS if seconds is None else seconds
+        _watchdog.begin(tid, _nesting.seconds)
         try:
             return fn(*args)
         finally:
@@ -136,6 +138,11 @@ def bounded(fn: Callable[..., T], *args: Any) -> T:
                     pass
     finally:
         _nesting.on = False
+
+
+def current_bound() -> float:
+    """The bound of the evaluation running in this thread (for its error message)."""
+    return float(getattr(_nesting, "seconds", MAX_EVAL_SECONDS))
 
 
 _pool: ThreadPoolExecutor | None = None

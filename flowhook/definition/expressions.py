@@ -97,22 +97,23 @@ class Renderer:
         start_budget(inline=True)
         return self._fn(ctx)
 
-    def bounded(self, ctx: dict[str, Any]) -> Any:
-        """Evaluate in this thread, stopped after :data:`MAX_EVAL_SECONDS`."""
+    def bounded(self, ctx: dict[str, Any], seconds: float | None = None) -> Any:
+        """Evaluate in this thread, stopped after ``seconds`` (default
+        :data:`MAX_EVAL_SECONDS`)."""
         start_budget(inline=False)
         try:
-            return bounded(self._fn, ctx)
+            return bounded(self._fn, ctx, seconds=seconds)
         except TooSlow:
-            raise ExpressionError(_too_slow()) from None
+            raise ExpressionError(_too_slow(seconds)) from None
 
 
-async def evaluate(renderer: Renderer, ctx: dict[str, Any]) -> Any:
+async def evaluate(renderer: Renderer, ctx: dict[str, Any], *, seconds: float | None = None) -> Any:
     """Evaluate ``renderer``: in place when that is cheap for sure, otherwise in the
-    expression thread, the event loop free meanwhile."""
+    expression thread, the event loop free meanwhile, stopped after ``seconds``."""
     try:
         return renderer.in_place(ctx)
     except NotInline:
-        return await in_thread(renderer.bounded, ctx)
+        return await in_thread(renderer.bounded, ctx, seconds)
 
 
 MAX_INLINE_NODES = 64
@@ -188,8 +189,8 @@ def _inline_size(node: nodes.Node) -> int:
     return size
 
 
-def _too_slow() -> str:
-    return f"took longer than {deadline.MAX_EVAL_SECONDS:g} s"
+def _too_slow(seconds: float | None = None) -> str:
+    return f"took longer than {seconds or deadline.current_bound():g} s"
 
 
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)

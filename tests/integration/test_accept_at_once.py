@@ -160,11 +160,15 @@ async def test_a_batch_of_traced_untraced_and_unknown_flows_is_one_write(
 async def test_flow_control_keeps_its_transaction(
     services: Services, db: Database, statements: list[tuple[str, Any]]
 ) -> None:
-    """A batch with a flow under flow control is written in a transaction (its keys and
-    locks need one), with the flows read once."""
+    """A batch with a flow under flow control is written in a transaction (its locks need
+    one), with the flows read once. (The first execute of a flow in a process learns from its
+    batch whether the flow has flow control; its keys are then read outside any transaction
+    and it joins a second batch: hence one execute of each first.)"""
     who = await _who(services)
     plain = await services.flows.create(who, FLOW)
     paced = await services.flows.create(who, PACED)
+    await services.runs.start(who, flow_id=plain.flow_id, payload={})
+    await services.runs.start(who, flow_id=paced.flow_id, payload={"k": "a"})
     statements.clear()
     await asyncio.gather(
         services.runs.start(who, flow_id=plain.flow_id, payload={}),

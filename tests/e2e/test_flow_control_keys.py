@@ -1,0 +1,79 @@
+"""One tenant's slow flow-control keys stall no other tenant's executes (audit 2, finding 4),
+over real HTTP on both backends: keys were read inside the accept's shared transaction, one
+after another, so another tenant's execute waited for all of them (0.02 s became 8.85 s).
+Now each execute reads its keys before it joins a batch, outside any transaction, with a
+budget of its own (0.25 s a key)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import FLOWHOOK, secret_key_env, serve
+
+pytestmark = pytest.mark.e2e
+
+NOISY = 40
+SLOW_KEY = "{{ (range(5000) | sum) ~ payload.k }}"
+"""A concurrency key that runs in the expression thread for a few milliseconds (well within its
+budget on a loaded machine): forty of them, one after another, take a good part of a second."""
+
+
+def test_slow_keys_keep_only_their_own_executes_waiting(tmp_path: Path, database_url: str) -> None:
+    with serve(tmp_path, database_url, FLOWHOOK_LOG_LEVEL="warning") as server:
+        made = subprocess.run(
+            [FLOWHOOK, "keys", "create", "--mode", "test", "--workspace", "noisy", "--json"],
+            env={**secret_key_env(database_url), "FLOWHOOK_DATABASE_URL": database_url,
+                 "PATH": "/usr/bin:/bin"},
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        noisy = {"Authorization": f"Bearer {json.loads(made.stdout)['key']}"}
+        quiet = {"Authorization": f"Bearer {server.value('sandbox key')}"}
+        steps = [{"id": "a", "type": "transform", "output": {}}]
+        with httpx.Client(base_url=server.base, timeout=60) as client:
+            paced = {"name": "paced", "steps": steps,
+                     "concurrency": {"limit": 1000, "key": SLOW_KEY}}  # fmt: skip
+            r = client.post("/api/v1/flows", json=paced, headers=noisy)
+            assert r.status_code == 201, r.text
+            noisy_flow = r.json()["flow_id"]
+            r = client.post("/api/v1/flows", json={"name": "plain", "steps": steps}, headers=quiet)
+            quiet_flow = r.json()["flow_id"]
+            for flow_id, auth in ((noisy_flow, noisy), (quiet_flow, quiet)):  # warm both up
+                r = client.post(
+                    "/api/v1/flows/execute",
+                    json={"flow_id": flow_id, "payload": {"k": "w"}},
+                    headers=auth,
+                )
+                assert r.status_code == 202, r.text
+
+            answered: list[tuple[str, float]] = []
+            sending = threading.Barrier(NOISY + 1)
+
+            def execute(flow_id: str, auth: dict[str, str], who: str, wait: bool) -> None:
+                with httpx.Client(base_url=server.base, timeout=60, headers=auth) as c:
+                    if wait:
+                        sending.wait()
+                    r = c.post(
+                        "/api/v1/flows/execute", json={"flow_id": flow_id, "payload": {"k": who}}
+                    )
+                    assert r.status_code == 202, r.text
+                    answered.append((who, time.monotonic()))
+
+            with ThreadPoolExecutor(NOISY + 1) as pool:
+                noisy_done = [
+                    pool.submit(execute, noisy_flow, noisy, f"noisy{i}", True) for i in range(NOISY)
+                ]
+                sending.wait()  # the noisy tenant's executes are on their way
+                execute(quiet_flow, quiet, "quiet", False)
+                for f in noisy_done:
+                    f.result()
+        order = [who for who, _ in sorted(answered, key=lambda a: a[1])]
+        # the quiet tenant's execute is answered while the noisy tenant's wait for their keys
+        assert order.index("quiet") < NOISY, order
