@@ -130,8 +130,17 @@ class Row:
     branch: str | None = None
     index: int | None = None
 
+    @classmethod
+    def of(cls, step: dict[str, Any]) -> Row:
+        """The row of a step of the run record (a map item's or a branch's, too)."""
+        return cls(
+            step["id"], step["type"], step["status"], step.get("duration_ms"),
+            step.get("started_at"), step.get("parent"), step.get("branch"), step.get("index"),
+        )  # fmt: skip
+
     @property
     def key(self) -> tuple[str | None, str | None, int | None, str]:
+        """Which step this is: a nested step's id is the same in every item and branch."""
         return (self.parent, self.branch, self.index, self.step_id)
 
     @property
@@ -156,11 +165,7 @@ class Board:
         self.run = run
         self.rows = {}
         for step in run.steps:
-            row = Row(
-                step["id"], step["type"], step["status"], step.get("duration_ms"),
-                step.get("started_at"), step.get("parent"), step.get("branch"),
-                step.get("index"),
-            )  # fmt: skip
+            row = Row.of(step)
             self.rows[row.key] = row
 
     def apply(self, event: StreamEvent) -> None:
@@ -250,8 +255,10 @@ def print_step(console: Console, step: dict[str, Any]) -> None:
     }.get(step["status"], "[yellow]…[/yellow]")
     took = f"{step['duration_ms']} ms" if step.get("duration_ms") is not None else ""
     reused = " (reused)" if step.get("reused") else ""
+    row = Row.of(step)
+    place = f" [dim]({row.parent} {row.where})[/dim]" if row.parent is not None else ""
     console.print(
-        f"  {mark} {step['id']} [dim]{step['type']} {step['status']}{reused} {took}[/dim]"
+        f"  {mark} {step['id']}{place} [dim]{step['type']} {step['status']}{reused} {took}[/dim]"
         + _waiting_for(step)
     )
 
@@ -277,14 +284,15 @@ def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:
     """Print steps as they finish or start waiting, until the run ends or ``timeout`` s
     pass: the run is read on each event of its stream and after ``QUIET`` s without one
     (long-polled 2 s at a time from a server without streams, or once the stream gave up)."""
-    shown: dict[str, str] = {}
+    shown: dict[tuple[str | None, str | None, int | None, str], str] = {}
     deadline = time.monotonic() + timeout
     feed: EventFeed | None = EventFeed(c, run_id)
     while True:
         run = c.get_run(run_id) if feed is not None else c.get_run(run_id, wait=2)
         for step in run.steps:
-            if shown.get(step["id"]) != step["status"] and step["status"] not in ("running",):
-                shown[step["id"]] = step["status"]
+            key = Row.of(step).key  # each map item and branch its own, as runs watch has it
+            if shown.get(key) != step["status"] and step["status"] not in ("running",):
+                shown[key] = step["status"]
                 print_step(console, step)
         left = deadline - time.monotonic()
         if run.terminal or left < 0:

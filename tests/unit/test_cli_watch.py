@@ -179,3 +179,29 @@ def test_event_lines() -> None:
     line = event_line(event(4, "flow.failed", status="failed", duration_ms=9,
                             error={"message": "boom"}))  # fmt: skip
     assert line == "03:04:05.678 flow.failed failed in 9 ms: boom"
+
+
+def test_follow_shows_each_map_item_once_with_its_index() -> None:
+    # Four items of one map run the same step id: --wait showed two of them "retrying" (the
+    # others' statuses under one id) and dropped one; each is its own line now, as in watch.
+    def item(i: int, status: str, ms: int | None) -> dict[str, Any]:
+        return {"id": "ship", "type": "transform", "status": status, "duration_ms": ms,
+                "attempts": 1, "parent": "each", "index": i}  # fmt: skip
+
+    fan = {"id": "each", "type": "map", "status": "completed", "duration_ms": 40, "attempts": 1}
+    running = [dict(fan, status="running", duration_ms=None), item(0, "completed", 5),
+               item(1, "failed", 7), item(2, "completed", 9), item(3, "running", None)]  # fmt: skip
+    done = [fan, item(0, "completed", 5), item(1, "completed", 8), item(2, "completed", 9),
+            item(3, "completed", 11)]  # fmt: skip
+    server = Server([record("running", running), record("completed", done)], sse())
+    out_console, out = console()
+    with server.client() as c:
+        assert follow(c, RUN, 60, out_console).status == "completed"
+    lines = [line.strip() for line in out.getvalue().splitlines() if "ship" in line]
+    assert lines == [
+        "✓ ship (each index 0) transform completed 5 ms",
+        "✗ ship (each index 1) transform failed 7 ms",
+        "✓ ship (each index 2) transform completed 9 ms",
+        "✓ ship (each index 1) transform completed 8 ms",
+        "✓ ship (each index 3) transform completed 11 ms",
+    ], out.getvalue()
