@@ -56,12 +56,25 @@ _MESSAGES = {
 }
 
 
-def describe_validation_error(error: dict[str, Any]) -> tuple[str, str, str]:
-    """(message, code, field) for one pydantic error, naming the field as a person writes it."""
+def _place(error: dict[str, Any], body: Any) -> str:
+    """`` at line L, column C`` of a JSON error's position in ``body``, when both are known."""
+    loc: tuple[Any, ...] = tuple(error.get("loc") or ())
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if pos is None or not isinstance(body, str | bytes):
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    line = text.count("\n", 0, pos) + 1
+    column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return f" at line {line}, column {column}"
+
+
+def describe_validation_error(error: dict[str, Any], body: Any = None) -> tuple[str, str, str]:
+    """(message, code, field) for one pydantic error, naming the field as a person writes it;
+    malformed JSON by its line and column in ``body`` (the text that did not parse)."""
     if error.get("type") == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", "")
         return (
-            f"malformed JSON in the request body: {detail}".rstrip(": "),
+            f"malformed JSON in the request body{_place(error, body)}: {detail}".rstrip(": "),
             "malformed_json",
             "body",
         )
@@ -105,7 +118,7 @@ def install_error_handlers(app: FastAPI, html: HtmlErrorPage | None = None) -> N
     async def _validation(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {}
-        message, code, _field = describe_validation_error(dict(first))
+        message, code, _field = describe_validation_error(dict(first), exc.body)
         return error_response(400, message, code)
 
     @app.exception_handler(StarletteHTTPException)

@@ -3,6 +3,7 @@ step ids, jump targets that exist and lie ahead, expressions that compile)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
 from collections import deque
@@ -140,14 +141,32 @@ def _next_kind(kind: str, part: Any) -> str:
 
 def _schema_error(err: ValidationError, definition: Any) -> InvalidDefinition:
     path = deque(err.absolute_path)
-    if err.validator == "required" or err.validator == "additionalProperties":
-        # Name the missing or unexpected field itself.
-        missing = _field_named(err)
+    message = err.message
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = sorted(schema.get("properties") or {})
+        unknown = sorted(k for k in err.instance if k not in known)
+        if unknown:
+            path.append(unknown[0])
+            message = f"unknown field {unknown[0]!r}{_did_you_mean(unknown[0], known)}"
+    elif err.validator == "required":
+        missing = _field_named(err)  # name the missing field itself
         if missing:
             path.append(missing)
+    elif err.validator == "enum" and isinstance(err.instance, str):
+        choices = [str(c) for c in schema.get("enum") or ()]
+        message = (
+            f"{err.instance!r} is not one of {', '.join(choices)}"
+            f"{_did_you_mean(err.instance, choices)}"
+        )
     field, label = _where(path, definition)
     prefix = f"{label}: " if label else ""
-    return InvalidDefinition(f"{prefix}{field} — {err.message}", field=field)
+    return InvalidDefinition(f"{prefix}{field} — {message}", field=field)
+
+
+def _did_you_mean(given: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _field_named(err: ValidationError) -> str | None:
@@ -165,7 +184,10 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
     is checked when the step runs)."""
     if isinstance(definition, dict):  # before the schema, which states it in its own words
         _check_output_names(definition.get("output"))
-    error = best_match(_validator.iter_errors(definition), key=_relevance)
+    errors = list(_validator.iter_errors(definition))
+    # A misspelled field is both unknown and (the field it meant) missing: name the typo.
+    unknown = [e for e in errors if e.validator == "additionalProperties"]
+    error = best_match(unknown or errors, key=_relevance)
     if error is not None:
         raise _schema_error(error, definition)
     everything = list(_placed(definition["steps"]))

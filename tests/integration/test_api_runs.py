@@ -117,6 +117,11 @@ async def test_bad_bodies_answer_400_413_415_with_an_error(api: Api) -> None:
     h = {**api.auth(), "Content-Type": "application/json"}
     r = await api.client.post("/api/v1/flows/execute", content=b"{not json", headers=h)
     assert (r.status_code, r.json()["code"]) == (400, "malformed_json")
+    body = b'{"flow_id": "wf_x",\n "payload": {"a": 1,}}'  # the "}" after a trailing comma
+    for path in ("/api/v1/flows/execute", "/api/v1/flows"):
+        r = await api.client.post(path, content=body, headers=h)
+        assert (r.status_code, r.json()["code"]) == (400, "malformed_json")
+        assert "at line 2, column 21:" in r.json()["error"], r.json()
     r = await api.client.post("/api/v1/flows/execute", content=b"{}", headers=h)
     assert r.status_code == 400 and "flow_id" in r.json()["error"]
     r = await api.client.post(

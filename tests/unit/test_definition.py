@@ -221,3 +221,53 @@ def test_errors_in_nested_steps_name_the_nested_step_and_field(
     assert info.value.field == field, info.value.message
     for word in words:
         assert word in info.value.message, info.value.message
+
+
+@pytest.mark.parametrize(
+    ("definition", "field", "says"),
+    [
+        (
+            {"name": "x", "steps": [{"id": "a", "type": "transform", "outptu": {}}]},
+            "definition.steps[0].outptu",
+            "unknown field 'outptu'; did you mean 'output'?",
+        ),
+        (
+            {"name": "x", "steps": [{"id": "a", "type": "transfrom", "output": {}}]},
+            "definition.steps[0].type",
+            "'transfrom' is not one of transform, condition, fail, http, delay, python, wait, "
+            "approval, parallel, map, flow; did you mean 'transform'?",
+        ),
+        (
+            {
+                "name": "x",
+                "steps": [
+                    {
+                        "id": "a",
+                        "type": "http",
+                        "request": {"url": "https://a.example", "mehtod": "GET"},
+                    }
+                ],
+            },
+            "definition.steps[0].request.mehtod",
+            "unknown field 'mehtod'; did you mean 'method'?",
+        ),
+        (
+            {"name": "x", "stesp": []},
+            "definition.stesp",
+            "unknown field 'stesp'; did you mean 'steps'?",
+        ),
+        (
+            {"name": "x", "steps": [{"id": "a", "type": "transform", "output": {}, "zzzz": 1}]},
+            "definition.steps[0].zzzz",
+            "unknown field 'zzzz'",
+        ),
+    ],
+)
+def test_a_typo_is_named_with_what_it_may_have_meant(
+    definition: dict[str, Any], field: str, says: str
+) -> None:
+    with pytest.raises(InvalidDefinition) as caught:
+        validate_definition(definition)
+    assert caught.value.field == field
+    assert caught.value.message.endswith(f"{field} — {says}"), caught.value.message
+    assert "[" not in caught.value.message.split(" — ")[1]  # no Python list in it
