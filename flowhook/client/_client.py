@@ -25,6 +25,27 @@ def _headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT}
 
 
+MAX_LONG_POLL = 60.0
+"""The longest ``?wait=`` the server takes."""
+
+
+def _long_poll(deadline: float, read_timeout: float | None) -> float | None:
+    """How long the next long poll may ask the server to hold the answer: what is left of
+    the wait, within the server's limit and the client's read timeout; ``None`` when the
+    wait is over."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    limit = MAX_LONG_POLL if read_timeout is None else max(0.1, read_timeout - 2.0)
+    return max(0.01, min(left, limit, MAX_LONG_POLL))
+
+
+def _rest(asked: float, interval: float, deadline: float) -> float:
+    """A server that answered a long poll at once (an older one, without it) is asked again
+    only after ``interval`` s."""
+    return max(0.0, min(interval - (time.monotonic() - asked), deadline - time.monotonic()))
+
+
 class Client:
     """A Flowhook API client. ``base_url`` is the server's root or its ``/api/v1`` URL."""
 
@@ -69,17 +90,21 @@ class Client:
         return Run.from_json(self._send(calls.get_run(run_id, wait)))
 
     def wait(self, run_id: str, interval: float = 2.0, max_attempts: int = 30) -> Run:
-        """Poll as SPEC §4.2 shows (every ``interval`` s, at most ``max_attempts`` times) until
-        the run is completed, failed or cancelled; raises :class:`WaitTimeout` otherwise."""
+        """The run once it is completed, failed or cancelled, within ``interval`` ×
+        ``max_attempts`` seconds (SPEC §4.2's polling budget); :class:`WaitTimeout` otherwise.
+        It long-polls: the server answers as soon as the run ends, so one request usually
+        does; a server that answers at once is asked again every ``interval`` s."""
+        deadline = time.monotonic() + interval * max_attempts
         run = self.get_run(run_id)
-        for attempt in range(1, max_attempts + 1):
-            if run.terminal:
-                return run
-            if attempt == max_attempts:
-                break
-            time.sleep(interval)
-            run = self.get_run(run_id)
-        raise WaitTimeout(run_id, max_attempts, run.status)
+        while not run.terminal:
+            poll = _long_poll(deadline, self._http.timeout.read)
+            if poll is None:
+                raise WaitTimeout(run_id, max_attempts, run.status)
+            asked = time.monotonic()
+            run = self.get_run(run_id, wait=poll)
+            if not run.terminal:
+                time.sleep(_rest(asked, interval, deadline))
+        return run
 
     def stream(
         self,
@@ -248,19 +273,23 @@ class AsyncClient:
     ) -> RunAccepted:
         return RunAccepted(**await self._send(calls.execute(flow_id, payload, idempotency_key)))
 
-    async def get_run(self, run_id: str) -> Run:
-        return Run.from_json(await self._send(calls.get_run(run_id)))
+    async def get_run(self, run_id: str, wait: float | None = None) -> Run:
+        """The run; with ``wait``, long-poll: answer as soon as it ends, or after ``wait`` s."""
+        return Run.from_json(await self._send(calls.get_run(run_id, wait)))
 
     async def wait(self, run_id: str, interval: float = 2.0, max_attempts: int = 30) -> Run:
+        """As :meth:`Client.wait`: long-polled, within ``interval`` × ``max_attempts`` s."""
+        deadline = time.monotonic() + interval * max_attempts
         run = await self.get_run(run_id)
-        for attempt in range(1, max_attempts + 1):
-            if run.terminal:
-                return run
-            if attempt == max_attempts:
-                break
-            await asyncio.sleep(interval)
-            run = await self.get_run(run_id)
-        raise WaitTimeout(run_id, max_attempts, run.status)
+        while not run.terminal:
+            poll = _long_poll(deadline, self._http.timeout.read)
+            if poll is None:
+                raise WaitTimeout(run_id, max_attempts, run.status)
+            asked = time.monotonic()
+            run = await self.get_run(run_id, wait=poll)
+            if not run.terminal:
+                await asyncio.sleep(_rest(asked, interval, deadline))
+        return run
 
     def stream(
         self,
