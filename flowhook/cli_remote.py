@@ -181,9 +181,45 @@ def flows_list(as_json: JsonOpt = False) -> None:
     )
 
 
+def resolve_flow(c: Client, flow: str) -> str:
+    """The id of ``flow``: an id as it is, else the one flow of that name (exact, then
+    ignoring case); a clear error, exit 2, for none or several."""
+    if flow.startswith("wf_"):
+        return flow
+    every = c.list_flows()
+    exact = [f for f in every if f["name"] == flow]
+    found = exact or [f for f in every if f["name"].lower() == flow.lower()]
+    if len(found) == 1:
+        return str(found[0]["flow_id"])
+    if len(found) > 1:
+        ids = ", ".join(f["flow_id"] for f in found)
+        err.print(f"[red]error:[/red] {len(found)} flows are named {flow!r} ({ids}); give its id")
+        raise typer.Exit(2)
+    err.print(f"[red]error:[/red] no flow is named {flow!r}; `flowhook flows list` shows them")
+    raise typer.Exit(2)
+
+
+@flows.command("show")
+def flows_show(
+    flow: Annotated[str, typer.Argument(help="The flow: its id (wf_…) or its name.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a flow: its name, id, current version and steps."""
+    with client() as c:
+        found = c.get_flow(resolve_flow(c, flow))
+    if as_json:
+        out_json(found)
+        return
+    console.print(
+        f"{found['flow_id']} [bold]{escape(found['name'])}[/bold] version {found['version']}"
+    )
+    for step in found["definition"]["steps"]:
+        console.print(f"  {step['id']} [dim]{step['type']}[/dim]")
+
+
 @runs.command("start")
 def runs_start(
-    flow_id: Annotated[str, typer.Argument(help="The flow to run (wf_…).")],
+    flow_id: Annotated[str, typer.Argument(help="The flow to run: its id (wf_…) or its name.")],
     payload: Annotated[
         str, typer.Option("--payload", help="A JSON object handed to the flow.")
     ] = "{}",
@@ -200,7 +236,7 @@ def runs_start(
         err.print("[red]error:[/red] --payload must be a JSON object")
         raise typer.Exit(2)
     with client() as c:
-        accepted = c.execute(flow_id, body, idempotency_key=idempotency_key)
+        accepted = c.execute(resolve_flow(c, flow_id), body, idempotency_key=idempotency_key)
         _answer(c, accepted, wait=wait, timeout=timeout, as_json=as_json)
 
 
@@ -343,6 +379,39 @@ def runs_watch(
         run = watch(c, run_id, console)
     _ended(run)
     raise typer.Exit(0 if run.status == "completed" else 1)
+
+
+def _decide(run_id: str, step_id: str, comment: str | None, approve: bool, as_json: bool) -> None:
+    with client() as c:
+        decided = (c.approve if approve else c.reject)(run_id, step_id, comment)
+    word = "approved" if approve else "rejected"
+    shown(decided, as_json, lambda: f"{run_id} step {step_id} {word}")
+
+
+@runs.command("approve")
+def runs_approve(
+    run_id: Annotated[str, typer.Argument(help="The run (run_…).")],
+    step_id: Annotated[str, typer.Argument(help="Its approval step's id.")],
+    comment: Annotated[
+        str | None, typer.Option("--comment", help="Why, kept with the decision.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Approve a run's waiting approval step; the run goes on."""
+    _decide(run_id, step_id, comment, True, as_json)
+
+
+@runs.command("reject")
+def runs_reject(
+    run_id: Annotated[str, typer.Argument(help="The run (run_…).")],
+    step_id: Annotated[str, typer.Argument(help="Its approval step's id.")],
+    comment: Annotated[
+        str | None, typer.Option("--comment", help="Why, kept with the decision.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reject a run's waiting approval step (the run fails, or goes on if the step says so)."""
+    _decide(run_id, step_id, comment, False, as_json)
 
 
 @runs.command("cancel")

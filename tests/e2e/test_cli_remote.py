@@ -233,3 +233,45 @@ def test_a_server_that_cannot_be_reached_is_one_line_not_a_traceback(
         f"error: cannot reach Flowhook at {url}: is `flowhook serve` running? "
         "Set FLOWHOOK_URL otherwise.\n"
     ), done.stderr
+
+
+def test_flows_by_name_show_and_decisions_from_the_cli(tmp_path: Path) -> None:
+    with serve(
+        tmp_path, f"sqlite:///{tmp_path / 'cli.db'}", FLOWHOOK_LOG_LEVEL="warning"
+    ) as server:
+        asks = tmp_path / "asks.json"
+        asks.write_text(
+            json.dumps(
+                {"name": "Ship order",
+                 "steps": [{"id": "ok", "type": "approval", "message": "Ship {{ payload.n }}?"},
+                           {"id": "done", "type": "transform", "output": {"shipped": True}}]}
+            )
+        )  # fmt: skip
+        flow_id = js(server, "flows", "apply", "-f", str(asks))["flow_id"]
+        shown = ok(server, "flows", "show", "Ship order")
+        assert flow_id in shown and "version 1" in shown and "ok approval" in shown
+        assert js(server, "flows", "show", flow_id)["name"] == "Ship order"
+        missing = cli(server, "runs", "start", "No such flow")
+        assert missing.returncode == 2 and "no flow is named 'No such flow'" in missing.stderr
+
+        def waiting(n: int) -> str:
+            run_id = str(
+                js(server, "runs", "start", "ship ORDER", "--payload", f'{{"n": {n}}}')["run_id"]
+            )
+            deadline = time.monotonic() + 20
+            while "for approval: Ship" not in ok(server, "runs", "show", run_id):
+                assert time.monotonic() < deadline, "the run never asked"
+                time.sleep(0.1)
+            return run_id
+
+        approved, rejected = waiting(1), waiting(2)
+        out = ok(server, "runs", "approve", approved, "ok", "--comment", "fine")
+        assert f"{approved} step ok approved" in out
+        again = cli(server, "runs", "approve", approved, "ok")
+        assert again.returncode == 1 and "already" in (again.stderr + again.stdout).lower()
+        assert js(server, "runs", "reject", rejected, "ok", "--comment", "no")["approved"] is False
+        for run_id, status in ((approved, "completed"), (rejected, "failed")):
+            deadline = time.monotonic() + 20
+            while (run := js(server, "runs", "show", run_id))["status"] != status:
+                assert time.monotonic() < deadline, run
+                time.sleep(0.1)
