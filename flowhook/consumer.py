@@ -163,8 +163,12 @@ class Consumer:
                 self._log.exception("%s: claim failed", self._name)
                 await asyncio.sleep(CLAIM_ERROR_PAUSE)
                 continue
-            full = len(self._inflight) >= self._capacity
-            if claimed >= self._last_limit and not full:
+            # Full counts what is held, not only what is in flight: a dispatcher's hand-offs
+            # (deliveries an open engine transaction took) fill it too, and a loop that took
+            # "no room, claimed 0" for "a full batch" spun without ever yielding, so that
+            # transaction could never commit and give the room back.
+            full = self._held() >= self._capacity
+            if claimed >= self._last_limit > 0 and not full:
                 continue  # the batch was full: more may be due (a partial one took it all)
             if full:
                 await self.wakeup.wait(self.poll_interval)  # a finishing item wakes the loop

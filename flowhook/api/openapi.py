@@ -137,6 +137,7 @@ _CURSOR_PREFIX = {
     f"{API}/webhooks/endpoints": "ep",
     f"{API}/webhooks/deliveries": "dlv",
     f"{API}/events": "evt",
+    f"{API}/flows/runs/{{run_id}}/events": "evt",
     f"{API}/hooks": "hk",
     f"{API}/schedules": "sch",
 }

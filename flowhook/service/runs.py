@@ -643,10 +643,10 @@ class RunService:
         the tree may start another afterwards."""
         run = await self.get(who, run_id, nested=False)
         if run.parent_run_id is not None:
-            raise InvalidInput(
+            raise Conflict(
                 f"run {run_id!r} was started by a flow step of another run; cancel the tree "
                 f"from its top-level run {run.tree!r}",
-                field="tree",
+                code="not_top_level",
             )
         if not run.status.terminal:
             with contextlib.suppress(Conflict):  # it ended meanwhile: its tree still goes

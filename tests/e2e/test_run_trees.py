@@ -136,7 +136,8 @@ def test_cancelling_a_finished_root_s_tree(server: Server) -> None:
 
         nested = _runs(client, status="running")[0]["run_id"]
         r = client.post(f"/api/v1/flows/runs/{nested}/cancel", json={"tree": True})
-        assert r.status_code == 400 and root in r.json()["error"], r.text
+        assert r.status_code == 409 and root in r.json()["error"], r.text
+        assert r.json()["code"] == "not_top_level"
 
         r = client.post(f"/api/v1/flows/runs/{root}/cancel", json={"tree": True})
         assert r.status_code in (200, 202), r.text

@@ -99,6 +99,9 @@ async def test_schedule_api(api: Api) -> None:
         f"/api/v1/schedules/{s['id']}", json={"enabled": False}, headers=api.auth()
     )
     assert r.json()["enabled"] is False and r.json()["next_run_at"] is None
+    for empty in ({"cron": ""}, {"timezone": ""}):  # was taken for "unchanged": 200
+        r = await api.client.patch(f"/api/v1/schedules/{s['id']}", json=empty, headers=api.auth())
+        assert r.status_code == 400 and next(iter(empty)) in r.json()["error"], r.text
     assert (await api.get(f"/api/v1/schedules/{s['id']}", who="live")).status_code == 404
     assert (
         await api.client.delete(f"/api/v1/schedules/{s['id']}", headers=api.auth())

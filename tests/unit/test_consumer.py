@@ -184,3 +184,25 @@ async def test_stop_cancels_what_outlives_the_grace_and_says_which() -> None:
     await queue.stop(grace=0.01)
     assert sorted(queue.stopped_with or []) == ["1", "2"]
     assert all(task.done() for task in queue._tasks)
+
+
+async def test_held_but_not_in_flight_waits_instead_of_spinning() -> None:
+    """What a dispatcher holds by hand-off (an engine transaction still open) counts against
+    its capacity but is not in flight: the loop used to take "no room, claimed 0" for "a full
+    batch, claim again" and spin on the event loop without yielding, so the transaction that
+    holds the room never ran to commit. It waits for a wake-up now."""
+    queue = Queue(capacity=2, poll=60)
+    handed_over = 2
+    queue._held = lambda: len(queue._inflight) + handed_over  # type: ignore[method-assign]
+    queue.due = [1, 2, 3]
+    await queue.start()
+    ticks = 0
+    for _ in range(50):  # the loop must yield: this test's own task runs meanwhile
+        await asyncio.sleep(0)
+        ticks += 1
+    assert ticks == 50 and queue.limits == []  # no claim while the room is taken
+    handed_over = 0  # the transaction committed and gave the room back
+    queue.wakeup.notify()
+    await _until(lambda: queue.limits == [2])
+    queue.release.set()
+    await queue.stop(grace=1.0)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Header, Query
+from pydantic import Field
 from starlette.responses import Response
 
 from flowhook import tracing
@@ -114,7 +115,9 @@ async def get_run(
 
 
 class _TreeRecord(RunRecord):
-    tree: TreeCancelled
+    tree: TreeCancelled | None = Field(
+        default=None, description='With `{"tree": true}`: what the cancel did to the tree.'
+    )
 
 
 @router.post(

@@ -38,8 +38,14 @@ class ScheduleCreate(BaseModel):
 
 class SchedulePatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cron: str | None = Field(default=None, max_length=120, json_schema_extra={"minLength": 1})
-    timezone: str | None = Field(default=None, max_length=64, json_schema_extra={"minLength": 1})
+    # min_length enforced (an empty cron was taken for "unchanged" and answered 200), and
+    # stated at the top of the schema as well as inside its anyOf
+    cron: str | None = Field(
+        default=None, min_length=1, max_length=120, json_schema_extra={"minLength": 1}
+    )
+    timezone: str | None = Field(
+        default=None, min_length=1, max_length=64, json_schema_extra={"minLength": 1}
+    )
     payload: dict[str, Any] | None = None
     enabled: bool | None = Field(default=None, strict=True)
 
