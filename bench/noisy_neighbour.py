@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,25 @@ async def _post(s: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any
         return r.status, await r.json(content_type=None)
 
 
-async def _quiet(base: str, key: str, seconds: float, every: float) -> list[float]:
-    """Accept-to-completed of one-step runs, one every ``every`` s for ``seconds`` s."""
-    took: list[float] = []
+class Quiet:
+    """The quiet tenant's runs: accept-to-completed of each (``inf``: refused), and where
+    the time went: the execute's answer, queued to started and started to finished (the
+    server's own timestamps), and finished to seen by the long poll."""
+
+    def __init__(self) -> None:
+        self.took: list[float] = []
+        self.parts: dict[str, list[float]] = {
+            "accept": [], "queued→started": [], "started→finished": [], "finished→seen": []
+        }  # fmt: skip
+
+
+def _at(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def _quiet(base: str, key: str, seconds: float, every: float) -> Quiet:
+    """One-step runs, one every ``every`` s for ``seconds`` s, each long-polled until done."""
+    quiet = Quiet()
     headers = {"Authorization": f"Bearer {key}"}
     async with aiohttp.ClientSession(base, headers=headers) as s:
         _, flow = await _post(s, "/api/v1/flows", ONE_STEP)
@@ -68,15 +85,23 @@ async def _quiet(base: str, key: str, seconds: float, every: float) -> list[floa
                 s, "/api/v1/flows/execute", {"flow_id": flow["flow_id"], "payload": {}}
             )
             if status != 202:
-                took.append(float("inf"))
+                quiet.took.append(float("inf"))
                 return
+            quiet.parts["accept"].append(time.monotonic() - start)
             while True:
                 async with s.get(
                     f"/api/v1/flows/runs/{accepted['run_id']}", params={"wait": "30"}
                 ) as r:
                     run = await r.json()
                 if run["status"] in ("completed", "failed", "cancelled"):
-                    took.append(time.monotonic() - start)
+                    seen = time.time()
+                    quiet.took.append(time.monotonic() - start)
+                    if run["started_at"] and run["finished_at"]:
+                        queued, started = _at(run["queued_at"]), _at(run["started_at"])
+                        finished = _at(run["finished_at"])
+                        quiet.parts["queued→started"].append(started - queued)
+                        quiet.parts["started→finished"].append(finished - started)
+                        quiet.parts["finished→seen"].append(seen - finished)
                     return
 
         tasks = []
@@ -85,7 +110,7 @@ async def _quiet(base: str, key: str, seconds: float, every: float) -> list[floa
             tasks.append(asyncio.create_task(one()))
             await asyncio.sleep(every)
         await asyncio.gather(*tasks)
-    return took
+    return quiet
 
 
 ATTACKS = ("tree", "heavy", "keys", "readers")
@@ -162,21 +187,28 @@ async def _attacks(base: str, key: str, stop: asyncio.Event, which: set[str]) ->
     return counts
 
 
-def _summary(label: str, took: list[float]) -> str:
+def _summary(label: str, quiet: Quiet) -> str:
+    took = quiet.took
     done = [t for t in took if t != float("inf")]
     refused = len(took) - len(done)
     if not done:
         return f"{label}: no run completed ({refused} refused)"
+    parts = ", ".join(
+        f"{name} {percentile(values, 50) * 1000:.0f}"
+        for name, values in quiet.parts.items()
+        if values
+    )
     return (
         f"{label}: {len(done)} runs, accept→completed p50 {percentile(done, 50) * 1000:.0f} ms, "
         f"p99 {percentile(done, 99) * 1000:.0f} ms, worst {max(done) * 1000:.0f} ms"
         + (f", {refused} refused" if refused else "")
+        + f"\n    p50 of its parts, ms: {parts}"
     )
 
 
 async def _measure(
     server: Server, seconds: float, every: float, which: set[str]
-) -> tuple[list[float], list[float], dict[str, int]]:
+) -> tuple[Quiet, Quiet, dict[str, int]]:
     quiet_key, noisy_key = _key(server, "quiet"), _key(server, "noisy")
     idle = await _quiet(server.base, quiet_key, min(seconds, 10.0), every)
     stop = asyncio.Event()
@@ -209,7 +241,7 @@ def main() -> None:
         print("  " + _summary("idle server (reference)", idle))
         print("  " + _summary("under attack", loaded))
         print(f"  attacks: {counts}")
-        worst = max(loaded) if loaded else float("inf")
+        worst = max(loaded.took) if loaded.took else float("inf")
         print(f"  under 1 s throughout: {'yes' if worst < 1.0 else 'NO'}")
 
 

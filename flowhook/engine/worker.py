@@ -131,6 +131,8 @@ class Worker(Consumer):
             public_url=public_url,
         )
         self._public_url = public_url
+        self._turns = runs_store.Turns()
+        """Which workspace's queue had the last turn of this worker's claims."""
 
     async def open(self) -> None:
         """Create the shared HTTP session (without starting the loops; tests drive run_once)."""
@@ -199,9 +201,14 @@ class Worker(Consumer):
 
     async def _claim(self, limit: int) -> int:
         now = self.clock.now()
-        async with self.db.statement() as conn:  # one UPDATE … RETURNING
+        async with self.db.statement() as conn:  # a read of the queues, one UPDATE … RETURNING
             claimed = await runs_store.claim_runs(
-                conn, owner=self.owner, now=now, lease_until=now + self.lease, limit=limit
+                conn,
+                owner=self.owner,
+                now=now,
+                lease_until=now + self.lease,
+                limit=limit,
+                turns=self._turns,
             )
         for run in claimed:
             self._inflight[run.run_id] = asyncio.create_task(self._execute(run))

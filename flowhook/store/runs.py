@@ -3,13 +3,16 @@
 The queue is the ``runs`` table: a run is claimable while its status is queued or running and
 ``available_at`` has passed. A claim sets ``lease_owner`` and moves ``available_at`` to the end
 of the lease, so a run whose worker dies becomes claimable again when its lease runs out,
-and the claim query needs no separate lease test. Heartbeats push both forward. Claims take
-runs in the order they fell due (``due_at``: queued, or woken from a delay or a backoff),
-which neither moves, so a run whose worker died goes before the runs that fell due after it.
+and the claim query needs no separate lease test. Heartbeats push both forward. Each
+workspace and mode is a queue of its own, and claims take turns across them (:class:`Turns`);
+within a queue they take runs by ``priority``, then in the order they fell due (``due_at``:
+queued, or woken from a delay or a backoff), which neither moves, so a run whose worker died
+goes before the runs that fell due after it.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +20,20 @@ from functools import cache
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import Integer, and_, any_, bindparam, func, or_, select, text, union_all, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -41,6 +57,8 @@ __all__ = [
     "get_run_by_id",
     "list_runs",
     "claim_runs",
+    "Turns",
+    "TURN_SPACES",
     "extend_leases",
     "StatusChange",
     "Progress",
@@ -69,8 +87,6 @@ read back from the run's ``scope`` (:attr:`Run.tree`)."""
 _RUN_NAMES = tuple(c.name for c in RUN_COLUMNS)
 
 _CLAIMABLE = text(ACTIVE_RUN)
-_HIGHER = text("runs.priority <> 0 AND runs.priority > 0")  # as ix_runs_priority states it
-_LOWER = text("runs.priority <> 0 AND runs.priority < 0")
 """Queued or running: what the queue holds (written out, see :mod:`flowhook.store.guards`)."""
 
 
@@ -214,65 +230,182 @@ async def list_runs(
     return [Run.from_row(r) for r in (await conn.execute(q)).all()]
 
 
-async def claim_runs(
-    conn: AsyncConnection, *, owner: str, now: datetime, lease_until: datetime, limit: int
-) -> list[Run]:
-    """Claim up to ``limit`` due runs for ``owner`` under a lease ending at ``lease_until``.
+TURN_SPACES = 16
+"""At most this many workspaces take part in one claim (:class:`Turns`); the others' turn
+comes in the claims after it."""
 
-    Runs are taken highest ``priority`` first, then in the order they fell due (``due_at``),
-    which claims and heartbeats do not move: a run whose worker died is taken in its place once its lease ends, instead of
-    behind every run queued meanwhile (``available_at`` is the lease's end by then). The
-    index on ``due_at`` is read in order; the runs under a live lease at its head are
-    passed over (at most the runs held now). Runs of priority 0 (nearly all) come from that
-    index; the others from the partial ``ix_runs_priority``, which only they are in, so a
-    queue without priorities pays two probes of an empty index.
+
+@dataclass(slots=True)
+class Turns:
+    """Where the claims of one worker stand in the round of (workspace, mode) queues.
+
+    Every workspace and mode is a queue of its own: a claim takes one due run from each
+    queue in turn, starting after the queue that had the last turn, before it takes a second
+    from any, so one tenant's ten thousand queued runs (or a burst of priority-100 ones)
+    delay another tenant's run by one turn, not by the whole backlog. Within a queue, runs
+    go highest ``priority`` first, then in the order they fell due. A worker keeps one
+    ``Turns`` for all its claims."""
+
+    after: tuple[str, str] | None = None
+    """The queue (workspace id, mode) that had the last turn; ``None``: none yet."""
+
+    def order(self, spaces: Sequence[tuple[str, bool, bool]]) -> list[tuple[str, str]]:
+        """The queues of ``spaces`` (each a workspace with whether it has live and test runs
+        queued or running) in the order of their turns, from the one after :attr:`after`
+        round to it, at most :data:`TURN_SPACES` workspaces' worth."""
+        after = self.after or ("", "")
+        nearest = sorted(spaces, key=lambda s: (s[0] < after[0], s[0]))[:TURN_SPACES]
+        queues = [
+            (w, str(m))
+            for w, live, test in nearest
+            for m, present in ((Mode.LIVE, live), (Mode.TEST, test))
+            if present
+        ]
+        return sorted(queues, key=lambda q: (q <= after, q))
+
+    def took(self, queues: Sequence[tuple[str, str]], claimed: Sequence[Run]) -> None:
+        """Move on past the queue that had the last turn of a claim that took ``claimed``
+        from ``queues`` (in turn order); past all of them when it took none, so queues beyond
+        the claim's :data:`TURN_SPACES` workspaces get their turn."""
+        if not queues:
+            return
+        if not claimed:
+            self.after = queues[-1]
+            return
+        taken = collections.Counter((r.workspace_id, str(r.mode)) for r in claimed)
+        rounds = max(taken.values())  # the last run taken was of the last round…
+        self.after = [q for q in queues if taken[q] == rounds][-1]  # …by the last queue in it
+
+
+async def claim_runs(
+    conn: AsyncConnection,
+    *,
+    owner: str,
+    now: datetime,
+    lease_until: datetime,
+    limit: int,
+    turns: Turns | None = None,
+) -> list[Run]:
+    """Claim up to ``limit`` due runs for ``owner`` under a lease ending at ``lease_until``,
+    the (workspace, mode) queues taking turns (:class:`Turns`; ``turns`` is moved on).
+
+    Two statements. The first finds the workspaces with runs queued or running by a skip
+    scan of ``ix_runs_queue`` (one index probe per workspace, however many runs each has),
+    from the one after ``turns.after``. The second takes each queue's due runs from the same
+    index, in its order (``priority`` first, then ``due_at``, which claims and heartbeats do
+    not move: a run whose worker died is taken in its place once its lease ends, instead of
+    behind every run queued meanwhile), ranks them by turn, and claims the first ``limit``.
+    Each queue is read in three ranges (priority above 0, 0, below 0), so a read never passes
+    over a queue's sleeping runs, whose ``due_at`` is still to come. A queue's runs under a
+    live lease are passed over (at most the runs held now).
 
     PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
-    writer, so the same statement inside its write transaction is enough.
+    writer, so the same statements inside its write transaction are enough.
     """
-    params = {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit}
-    if conn.dialect.name == "postgresql":  # on the driver: one claim of each idle run
-        found = await bulk.run_pg(conn, _claim_statement(True), params)
-        claimed = [Run.from_values(_RUN_NAMES, r) for r in found]
+    turns = turns if turns is not None else Turns()
+    params: dict[str, Any] = {"after": turns.after[0] if turns.after else ""}
+    inline = bulk.inline_sqlite(conn)
+    if inline is not None:
+        spaces = await bulk.run_raw(inline, _spaces_statement(), params)
     else:
-        stmt = _claim_statement(False)
+        spaces = await bulk.run_pg(conn, _spaces_statement(), params)
+    queues = turns.order([(w, bool(live), bool(test)) for w, live, test in spaces])
+    if not queues:
+        return []
+    params = {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit}
+    for i, (workspace_id, mode) in enumerate(queues):
+        params[f"w{i}"], params[f"m{i}"] = workspace_id, mode
+    pg = conn.dialect.name == "postgresql"
+    stmt = _claim_statement(pg, len(queues))
+    if pg:  # on the driver: one claim of each idle run
+        claimed = [Run.from_values(_RUN_NAMES, r) for r in await bulk.run_pg(conn, stmt, params)]
+    else:
         claimed = [Run.from_row(r) for r in (await conn.execute(stmt, params)).all()]
+    turns.took(queues, claimed)
     claimed.sort(key=lambda r: r.queued_at)
     return claimed
 
 
 @cache
-def _claim_statement(pg: bool) -> Any:
-    """:func:`claim_runs`' statement, built once per dialect (the engine claims many times a
-    second), its values bound: ``owner``, ``now``, ``lease_until``, ``limit``."""
+def _spaces_statement() -> Any:
+    """The workspaces with runs queued or running, each with whether it has live and test
+    ones: first those from ``after`` up (ids ascending), then those below it from the
+    lowest, at most :data:`TURN_SPACES` of each; a skip scan of ``ix_runs_queue``.
+    ``after`` is a workspace id, or ``""`` (below every id) for the first claim."""
+    after = bindparam("after", type_=runs.c.workspace_id.type)
+
+    def first(above: Any) -> Any:  # the lowest workspace id meeting ``above``: one probe
+        # ORDER BY the index's own columns, LIMIT 1: one seek in ix_runs_queue
+        order = (runs.c.workspace_id, runs.c.mode, runs.c.priority.desc(), runs.c.due_at)
+        q = select(runs.c.workspace_id).where(_CLAIMABLE, above).order_by(*order).limit(1)
+        return q.scalar_subquery()
+
+    def walk(name: str, start: Any, bound: Any) -> Any:
+        seed = select(first(and_(start, bound)).label("w"), literal_column("1").label("n"))
+        cte = seed.cte(name, recursive=True)
+        step = select(first(and_(runs.c.workspace_id > cte.c.w, bound)), cte.c.n + 1).where(
+            cte.c.w.is_not(None), cte.c.n < TURN_SPACES
+        )
+        return cte.union_all(step)
+
+    def has(cte: Any, mode: Mode) -> Any:
+        return (
+            select(runs.c.run_id)
+            .where(_CLAIMABLE, runs.c.workspace_id == cte.c.w, runs.c.mode == str(mode))
+            .exists()
+        )
+
+    up = walk("up", runs.c.workspace_id >= after, true())
+    down = walk("down", true(), runs.c.workspace_id < after)
+    return union_all(
+        *(
+            select(cte.c.w.label("workspace_id"), has(cte, Mode.LIVE), has(cte, Mode.TEST)).where(
+                cte.c.w.is_not(None)
+            )
+            for cte in (up, down)
+        )
+    )
+
+
+@cache
+def _claim_statement(pg: bool, queues: int) -> Any:
+    """:func:`claim_runs`' claim of ``queues`` queues, built once per dialect and number of
+    queues, its values bound: ``owner``, ``now``, ``lease_until``, ``limit``, and each
+    queue's ``w<i>`` and ``m<i>`` (in turn order)."""
     now = bindparam("now", type_=runs.c.due_at.type)
     until = bindparam("lease_until", type_=runs.c.available_at.type)
     limit = bindparam("limit", type_=Integer)
 
-    def due(where: Any, *order: Any) -> Any:
-        q = (
-            select(runs.c.run_id, runs.c.priority, runs.c.due_at)
-            .where(_CLAIMABLE, where, runs.c.due_at <= now, runs.c.available_at <= now)
-            .order_by(*order)
-            .limit(limit)
+    def turn(i: int) -> Any:
+        """Queue ``i``'s due runs in its order, each with its rank there and ``i``."""
+        mine = and_(
+            runs.c.workspace_id == bindparam(f"w{i}", type_=runs.c.workspace_id.type),
+            runs.c.mode == bindparam(f"m{i}", type_=runs.c.mode.type),
         )
-        if pg:
-            q = q.with_for_update(skip_locked=True)
-        return select(q.subquery())
 
-    # Priority 0 (nearly every run) in due order from ix_runs_due_at; the others from the
-    # partial ix_runs_priority, which holds only them: higher first, then oldest first.
-    # SQLite picks those indexes itself (SQLAlchemy renders no ``INDEXED BY`` hint for it);
-    # test_delivery_claim.py's test_the_claims_read_their_partial_indexes_in_order checks.
-    first = due(_HIGHER, runs.c.priority.desc(), runs.c.due_at)
-    plain = due(runs.c.priority == 0, runs.c.due_at)
-    last = due(_LOWER, runs.c.priority.desc(), runs.c.due_at)
-    candidates = union_all(first, plain, last).subquery()
-    chosen = (
-        select(candidates.c.run_id)
-        .order_by(candidates.c.priority.desc(), candidates.c.due_at)
-        .limit(limit)
-    )
+        def due(where: Any, *order: Any) -> Any:
+            q = (
+                select(runs.c.run_id, runs.c.priority, runs.c.due_at)
+                .where(mine, _CLAIMABLE, where, runs.c.due_at <= now, runs.c.available_at <= now)
+                .order_by(*order)
+                .limit(limit)
+            )
+            if pg:
+                q = q.with_for_update(skip_locked=True)
+            return select(q.subquery())
+
+        parts = union_all(
+            due(runs.c.priority > 0, runs.c.priority.desc(), runs.c.due_at),
+            due(runs.c.priority == 0, runs.c.due_at),
+            due(runs.c.priority < 0, runs.c.priority.desc(), runs.c.due_at),
+        ).subquery()
+        rank = func.row_number().over(order_by=(parts.c.priority.desc(), parts.c.due_at))
+        return select(parts.c.run_id, rank.label("rank"), literal_column(str(i)).label("turn"))
+
+    turns: list[Any] = [turn(i) for i in range(queues)]
+    every: Any = union_all(*turns) if queues > 1 else turns[0]
+    candidates = every.subquery()
+    chosen = select(candidates.c.run_id).order_by(candidates.c.rank, candidates.c.turn).limit(limit)
     return (
         update(runs)
         .where(runs.c.run_id.in_(chosen.scalar_subquery()))

@@ -224,9 +224,9 @@ def _partial(name: str, where: str, *columns: Any) -> Index:
 
 
 # Flow control's partial indexes: runs without flow control are in none of them.
-_partial(  # due prioritised runs, highest first (claim_runs; priority 0 reads ix_runs_due_at)
-    "ix_runs_priority", "priority <> 0 AND status IN ('queued', 'running')",
-    runs.c.priority.desc(), runs.c.due_at,
+_partial(  # the queue of each workspace and mode, in claim order (claim_runs takes turns)
+    "ix_runs_queue", "status IN ('queued', 'running')",
+    runs.c.workspace_id, runs.c.mode, runs.c.priority.desc(), runs.c.due_at,
 )  # fmt: skip
 _partial(  # the runs holding a concurrency slot, per flow and key
     "ix_runs_slots", "concurrency_slot IS NOT NULL", runs.c.flow_id, runs.c.concurrency_slot

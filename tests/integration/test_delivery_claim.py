@@ -232,18 +232,32 @@ async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
 async def test_the_claims_read_their_partial_indexes_in_order(tmp_path: Path) -> None:
     """SQLite picks the indexes the claims are written for (SQLAlchemy renders no ``INDEXED
     BY`` hint for it, so nothing forces them): the delivery window reads pending deliveries
-    by ``due_at``; the run claim reads priority-0 runs by ``due_at`` and the others from the
-    partial index that holds only them."""
+    by ``due_at``; the run claim's skip scan seeks from one workspace to the next in
+    ``ix_runs_queue``, and each queue's due runs are read from it in three ranges (priority
+    above 0, 0 up to now, below 0), so no read walks a backlog or a queue's sleeping runs."""
     window = await _sqlite_plan(tmp_path / "w", store._oldest_due_statement(True))
     assert [s for s in window if "deliveries" in s] == [
         "SEARCH deliveries USING INDEX ix_deliveries_due_at (due_at<?)"
     ], window
-    claim = await _sqlite_plan(tmp_path / "r", runs_store._claim_statement(False))
+    spaces = await _sqlite_plan(tmp_path / "s", runs_store._spaces_statement())
+    reads = [s.removeprefix("SEARCH runs USING INDEX ix_runs_queue ") for s in spaces]
+    assert [s for s in reads if s.startswith("(")] == [
+        "(workspace_id>?)",  # from the last turn's workspace up: the first…
+        "(workspace_id>?)",  # …and the next after each
+        "(workspace_id=? AND mode=?)",  # whether it has live runs
+        "(workspace_id=? AND mode=?)",  # and test runs
+        "(workspace_id<?)",  # then from the lowest workspace…
+        "(workspace_id>? AND workspace_id<?)",  # …up to the last turn's
+        "(workspace_id=? AND mode=?)",
+        "(workspace_id=? AND mode=?)",
+    ], spaces
+    claim = await _sqlite_plan(tmp_path / "r", runs_store._claim_statement(False, 2))
     reads = [s for s in claim if s.startswith("SEARCH runs USING INDEX")]
-    assert reads == [
-        "SEARCH runs USING INDEX ix_runs_priority (priority>?)",
-        "SEARCH runs USING INDEX ix_runs_due_at (due_at<?)",
-        "SEARCH runs USING INDEX ix_runs_priority (priority<?)",
+    queue = "SEARCH runs USING INDEX ix_runs_queue (workspace_id=? AND mode=? AND "
+    assert reads == 2 * [
+        f"{queue}priority>?)",
+        f"{queue}priority=? AND due_at<?)",
+        f"{queue}priority<?)",
     ], claim
 
 
