@@ -40,10 +40,11 @@ async def statements(db: Database) -> AsyncIterator[list[tuple[str, Any]]]:
         if not statement.startswith(ACTIVE_COUNT):
             seen.append((statement, conn.get_execution_options().get("isolation_level")))
 
-    target = db.writer.sync_engine
-    event.listen(target, "before_cursor_execute", record)
+    for engine in db.engines:
+        event.listen(engine.sync_engine, "before_cursor_execute", record)
     yield seen
-    event.remove(target, "before_cursor_execute", record)
+    for engine in db.engines:
+        event.remove(engine.sync_engine, "before_cursor_execute", record)
 
 
 ACTIVE_COUNT = "SELECT runs.workspace_id, runs.mode, count(*)"

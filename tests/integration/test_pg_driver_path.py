@@ -111,16 +111,17 @@ async def test_a_failed_statement_is_a_dbapi_error_and_the_block_rolls_back(
 async def test_a_connection_the_server_closed_fails_once_then_the_pool_recovers(
     pg: Database, pg_url: str
 ) -> None:
-    async with pg.read() as a, pg.read() as b:
-        pids = {await _one(a, BACKEND), await _one(b, BACKEND)}
-    for pid in pids:
-        await _terminate(pg_url, pid)
-    with pytest.raises(StoreUnavailable):
-        async with pg.statement() as conn:
-            await _one(conn, BACKEND)
-    for _ in range(3):  # the pool's older connection was replaced with the one that failed
-        async with pg.statement() as conn:
-            assert await _one(conn, BACKEND) not in pids
+    for opened in (pg.read, pg.statement):  # the two pools
+        async with opened() as a, opened() as b:
+            pids = {await _one(a, BACKEND), await _one(b, BACKEND)}
+        for pid in pids:
+            await _terminate(pg_url, pid)
+        with pytest.raises(StoreUnavailable):
+            async with opened() as conn:
+                await _one(conn, BACKEND)
+        for _ in range(3):  # the pool's older connection was replaced with the one that failed
+            async with opened() as conn:
+                assert await _one(conn, BACKEND) not in pids
 
 
 @pytest.mark.usefixtures("no_sqlalchemy_execution")
@@ -151,15 +152,16 @@ async def test_a_listener_on_the_engines_statements_sees_them_all(pg: Database) 
     def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         seen.append(statement)
 
-    engine = pg.writer.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
+    for engine in pg.engines:
+        event.listen(engine.sync_engine, "before_cursor_execute", record)
     try:
         async with pg.transaction() as conn:
             await _one(conn, TXID)
         async with pg.statement() as conn:
             await _one(conn, TXID)
     finally:
-        event.remove(engine, "before_cursor_execute", record)
+        for engine in pg.engines:
+            event.remove(engine.sync_engine, "before_cursor_execute", record)
     assert len([s for s in seen if "txid_current" in s]) == 2
 
 
