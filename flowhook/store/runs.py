@@ -88,6 +88,8 @@ _RUN_NAMES = tuple(c.name for c in RUN_COLUMNS)
 
 _CLAIMABLE = text(ACTIVE_RUN)
 """Queued or running: what the queue holds (written out, see :mod:`flowhook.store.guards`)."""
+_QUEUE_ORDER = (runs.c.workspace_id, runs.c.mode, runs.c.priority.desc(), runs.c.due_at)
+"""``ix_runs_queue``'s order: each workspace and mode's queue, highest priority, then due first."""
 
 
 async def insert_run(
@@ -334,11 +336,11 @@ def _spaces_statement() -> Any:
     ``after`` is a workspace id, or ``""`` (below every id) for the first claim."""
     after = bindparam("after", type_=runs.c.workspace_id.type)
 
-    def first(above: Any) -> Any:  # the lowest workspace id meeting ``above``: one probe
-        # ORDER BY the index's own columns, LIMIT 1: one seek in ix_runs_queue
-        order = (runs.c.workspace_id, runs.c.mode, runs.c.priority.desc(), runs.c.due_at)
-        q = select(runs.c.workspace_id).where(_CLAIMABLE, above).order_by(*order).limit(1)
-        return q.scalar_subquery()
+    def first(*where: Any) -> Any:  # the first entry of ix_runs_queue meeting ``where``
+        # ORDER BY the index's own columns, LIMIT 1: one seek, on any plan PostgreSQL makes
+        # (a generic plan took EXISTS for a sequential scan of runs)
+        q = select(runs.c.workspace_id).where(_CLAIMABLE, *where).order_by(*_QUEUE_ORDER)
+        return q.limit(1).scalar_subquery()
 
     def walk(name: str, start: Any, bound: Any) -> Any:
         seed = select(first(and_(start, bound)).label("w"), literal_column("1").label("n"))
@@ -348,12 +350,9 @@ def _spaces_statement() -> Any:
         )
         return cte.union_all(step)
 
-    def has(cte: Any, mode: Mode) -> Any:
-        return (
-            select(runs.c.run_id)
-            .where(_CLAIMABLE, runs.c.workspace_id == cte.c.w, runs.c.mode == str(mode))
-            .exists()
-        )
+    def has(cte: Any, mode: Mode) -> Any:  # whether its queue of ``mode`` holds any run
+        in_mode = text(f"runs.mode = '{mode}'")  # written out: the plan knows which mode
+        return first(runs.c.workspace_id == cte.c.w, in_mode).is_not(None)
 
     up = walk("up", runs.c.workspace_id >= after, true())
     down = walk("down", true(), runs.c.workspace_id < after)
@@ -376,36 +375,43 @@ def _claim_statement(pg: bool, queues: int) -> Any:
     until = bindparam("lease_until", type_=runs.c.available_at.type)
     limit = bindparam("limit", type_=Integer)
 
-    def turn(i: int) -> Any:
-        """Queue ``i``'s due runs in its order, each with its rank there and ``i``."""
+    def queue(i: int) -> Any:
+        """Queue ``i``'s due runs, at most ``limit``, in three ranges of its order."""
         mine = and_(
             runs.c.workspace_id == bindparam(f"w{i}", type_=runs.c.workspace_id.type),
             runs.c.mode == bindparam(f"m{i}", type_=runs.c.mode.type),
         )
 
-        def due(where: Any, *order: Any) -> Any:
+        def due(priority: str) -> Any:  # one range of ix_runs_queue, in its order
             q = (
                 select(runs.c.run_id, runs.c.priority, runs.c.due_at)
-                .where(mine, _CLAIMABLE, where, runs.c.due_at <= now, runs.c.available_at <= now)
-                .order_by(*order)
+                .where(mine, _CLAIMABLE, text(f"runs.priority {priority}"))
+                .where(runs.c.due_at <= now, runs.c.available_at <= now)
+                .order_by(*_QUEUE_ORDER)
                 .limit(limit)
             )
             if pg:
                 q = q.with_for_update(skip_locked=True)
             return select(q.subquery())
 
-        parts = union_all(
-            due(runs.c.priority > 0, runs.c.priority.desc(), runs.c.due_at),
-            due(runs.c.priority == 0, runs.c.due_at),
-            due(runs.c.priority < 0, runs.c.priority.desc(), runs.c.due_at),
-        ).subquery()
+        # the ranges written out, and ordered as the index is, so any plan PostgreSQL makes
+        # reads them as ranges of ix_runs_queue
+        return union_all(due("> 0"), due("= 0"), due("< 0")).subquery()
+
+    def turn(i: int) -> Any:
+        """Queue ``i``'s due runs, each with its rank there and ``i``."""
+        parts = queue(i)
         rank = func.row_number().over(order_by=(parts.c.priority.desc(), parts.c.due_at))
         return select(parts.c.run_id, rank.label("rank"), literal_column(str(i)).label("turn"))
 
-    turns: list[Any] = [turn(i) for i in range(queues)]
-    every: Any = union_all(*turns) if queues > 1 else turns[0]
-    candidates = every.subquery()
-    chosen = select(candidates.c.run_id).order_by(candidates.c.rank, candidates.c.turn).limit(limit)
+    if queues == 1:  # the common case: one queue in its own order, no ranks to take turns by
+        only = queue(0)
+        chosen = select(only.c.run_id).order_by(only.c.priority.desc(), only.c.due_at).limit(limit)
+    else:
+        candidates = union_all(*(turn(i) for i in range(queues))).subquery()
+        chosen = (
+            select(candidates.c.run_id).order_by(candidates.c.rank, candidates.c.turn).limit(limit)
+        )
     return (
         update(runs)
         .where(runs.c.run_id.in_(chosen.scalar_subquery()))

@@ -205,7 +205,6 @@ runs = Table(
         sqlite_where=text("idempotency_key IS NOT NULL"),
     ),
     _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
-    _partial_index("ix_runs_due_at", "due_at", "status IN ('queued', 'running')"),
     Index(
         "ix_runs_parent",
         "parent_run_id",

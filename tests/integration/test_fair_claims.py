@@ -9,6 +9,7 @@ came before another tenant's one run: each test here fails on it.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -187,7 +188,7 @@ async def test_the_claims_keep_one_plan_that_reads_the_queue_index(db: Database)
             plan = "\n".join(row[0] for row in found)
             # the skip scan's seeds and modes; each queue's three ranges
             assert plan.count("Scan using ix_runs_queue on runs") == 6, plan
-            assert "$1" in plan  # a generic plan: its values are parameters
+            assert re.search(r"\$\d", plan)  # a generic plan: its values are parameters
 
 
 def _literal(value: Any) -> str:
