@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import sqlalchemy.exc as sa_exc
@@ -51,6 +51,9 @@ from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.trees import TreeCancel
 from flowhook.store.wakeup import Wakeup
 
+if TYPE_CHECKING:
+    from flowhook.service.streams import EventHub
+
 __all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
 
 TRIGGERS = ("api",)
@@ -59,6 +62,10 @@ TRIGGERS = ("api",)
 IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_WAIT = 60.0
 LONG_POLL_INTERVAL = 0.1
+"""Seconds between a long poll's reads of its run when no event hub wakes it."""
+LONG_POLL_FALLBACK = 1.0
+"""Seconds a long poll woken by the event hub waits at most between reads (a wake-up lost
+with a hub's failed read costs that much)."""
 MAX_IDEMPOTENCY_KEY = 255
 PLANNED_TABLES = ("runs",)
 """Tables whose statistics PostgreSQL plans the accept path with: gathered as the runs this
@@ -187,6 +194,9 @@ class RunService:
         self._latest: dict[tuple[str, str, str], tuple[int, FlowControl | None]] = {}
         """The version of each flow the batches last met, with its flow control, by
         (workspace, mode, flow): an execute reads its keys before joining a batch."""
+        self.hub: EventHub | None = None
+        """The process's event hub, which wakes a long poll when its run's events commit
+        (``None``: long polls read every :data:`LONG_POLL_INTERVAL`)."""
 
     async def start(
         self,
@@ -535,16 +545,30 @@ class RunService:
         return run
 
     async def wait_for(self, who: Principal, run_id: str, seconds: float) -> Run:
-        """Long-poll: the run as soon as it is terminal, or as it is after ``seconds``."""
+        """Long-poll: the run as soon as it is terminal, or as it is after ``seconds``.
+
+        The run is read again when one of its events is committed (the event hub wakes the
+        poll: a run that ends is seen within milliseconds, where reading every 0.1 s saw it
+        up to 0.1 s late), and at least every :data:`LONG_POLL_FALLBACK` s."""
         if not 0 <= seconds <= MAX_WAIT:
             raise InvalidInput(f"wait must be between 0 and {MAX_WAIT:g} seconds", field="wait")
-        deadline = asyncio.get_running_loop().time() + seconds
-        while True:
-            run = await self.get(who, run_id, nested=False)
-            left = deadline - asyncio.get_running_loop().time()
-            if run.status.terminal or left <= 0:
-                return await self.get(who, run_id)
-            await asyncio.sleep(min(LONG_POLL_INTERVAL, left))
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + seconds
+        hub = self.hub
+        woken = None if hub is None or hub.closing else hub.watch(who, run_id)
+        try:
+            while True:
+                run = await self.get(who, run_id, nested=False)
+                left = deadline - clock()
+                if run.status.terminal or left <= 0 or (woken is not None and woken.ended):
+                    return await self.get(who, run_id)
+                if woken is None:
+                    await asyncio.sleep(min(LONG_POLL_INTERVAL, left))
+                else:  # an event of the run, or the fallback's time
+                    await woken.next_batch(min(LONG_POLL_FALLBACK, left))
+        finally:
+            if woken is not None and hub is not None:
+                hub.unsubscribe(woken)
 
     async def children(self, who: Principal, run_id: str) -> dict[int, Run]:
         """The child runs the run's ``flow`` steps started, by step index."""

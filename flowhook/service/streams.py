@@ -117,6 +117,7 @@ class Subscription:
         "ended",
         "event_type",
         "flow_id",
+        "is_stream",
         "key_id",
         "mode",
         "pending",
@@ -137,8 +138,11 @@ class Subscription:
         event_type: str | None = None,
         since: str | None = None,
         session: str | None = None,
+        is_stream: bool = True,
     ) -> None:
         self.key_id = who.key_id
+        self.is_stream = is_stream
+        """``False``: a long poll's wake-up (:meth:`EventHub.watch`), no share of its key's."""
         self.session = session
         """The hash of the settings-screen session it was opened with (the run page's)."""
         self.workspace_id = who.workspace_id
@@ -242,6 +246,9 @@ class EventHub:
         self._by_scope: dict[tuple[str, Mode], set[Subscription]] = {}
         self._per_key: collections.Counter[str] = collections.Counter()
         self._count = 0
+        """Subscriptions: open streams and long polls' wake-ups (the hub reads while any is)."""
+        self._watching = 0
+        """Of them, long polls' wake-ups (:meth:`watch`)."""
         self._seen: set[str] = set()
         self._cursor: str | None = None
         self._floor: str | None = None
@@ -258,7 +265,7 @@ class EventHub:
 
     @property
     def open_streams(self) -> int:
-        return self._count
+        return self._count - self._watching
 
     async def start(self) -> None:
         self.closing = False
@@ -314,13 +321,28 @@ class EventHub:
             who, self._queue_size, run_id=run_id, flow_id=flow_id, event_type=event_type,
             since=since, session=session,
         )  # fmt: skip
+        self._per_key[who.key_id] += 1
+        return self._add(sub, now)
+
+    def watch(self, who: Principal, run_id: str) -> Subscription:
+        """A long poll's wake-up: ``ready`` is set when an event of ``run_id`` commits from
+        now on (or the hub lets go). Not a stream: it takes no share of the key's and
+        is not counted in :attr:`open_streams`; it ends as streams do when the key is
+        revoked. :meth:`unsubscribe` it when done."""
+        # Every event of the run the hub reads from now on, whatever its id: an event's id
+        # is made before its transaction commits, so one made before this call may commit
+        # after the caller's read of the run (a bound by id lost such wake-ups).
+        sub = Subscription(who, self._queue_size, run_id=run_id, is_stream=False)
+        self._watching += 1
+        return self._add(sub, id_floor("evt", _now_ms()))
+
+    def _add(self, sub: Subscription, now: str) -> Subscription:
         if self._count == 0:
             self._cursor = now
-        if run_id is not None:
-            self._by_run.setdefault(run_id, set()).add(sub)
+        if sub.run_id is not None:
+            self._by_run.setdefault(sub.run_id, set()).add(sub)
         else:
             self._by_scope.setdefault((sub.workspace_id, sub.mode), set()).add(sub)
-        self._per_key[who.key_id] += 1
         self._count += 1
         if self.closing:
             sub.end()
@@ -339,9 +361,12 @@ class EventHub:
         subs.discard(sub)
         if not subs:
             del index[key]
-        self._per_key[sub.key_id] -= 1
-        if self._per_key[sub.key_id] <= 0:
-            del self._per_key[sub.key_id]
+        if sub.is_stream:
+            self._per_key[sub.key_id] -= 1
+            if self._per_key[sub.key_id] <= 0:
+                del self._per_key[sub.key_id]
+        else:
+            self._watching -= 1
         self._count -= 1
         sub.end()
 

@@ -300,3 +300,27 @@ async def test_streams_are_checked_again_at_each_heartbeat_untold(db: Database) 
         await _ended(sub)  # no credentials_ended(): the backstop found it
     finally:
         await hub.stop()
+
+
+async def test_a_long_poll_s_wake_up_comes_for_an_event_made_before_it_that_commits_after(
+    db: Database,
+) -> None:
+    """An event's id is made before its transaction commits: the engine made the run's
+    ``flow.completed`` before the long poll began, and committed it after the poll's read
+    saw the run still running. The wake-up must come all the same (with a bound by id it
+    did not, and the poll waited for its fallback); and a wake-up is no stream: it takes no
+    share of the key's."""
+    hub = await started(db, poll_interval=60, max_per_key=1)
+    try:
+        made_before = event("run_1", "flow.completed")
+        await asyncio.sleep(0.01)  # the watch begins a few milliseconds after its id
+        woken = hub.watch(WHO, "run_1")
+        stream = hub.subscribe(WHO, run_id="run_2")  # the key's one stream: still allowed
+        assert hub.open_streams == 1
+        await commit(db, [made_before])
+        assert [e.id for e in await received(woken, 1)] == [made_before.id]
+        hub.unsubscribe(woken)
+        hub.unsubscribe(stream)
+        assert hub.open_streams == 0
+    finally:
+        await hub.stop()

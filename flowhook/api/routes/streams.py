@@ -134,10 +134,12 @@ async def running_hub(db: Database, services: Services) -> AsyncIterator[EventHu
     )
     services.keys.on_credentials_ended(hub.credentials_ended)
     await hub.start()
+    services.runs.hub = hub  # long polls wake on their run's events
     try:
         with _closed_on_exit_signal(hub):
             yield hub
     finally:
+        services.runs.hub = None
         await hub.stop()
 
 
