@@ -153,10 +153,12 @@ class Consumer:
             try:
                 claimed = await self.run_once()
                 failures = 0
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
                 failures += 1
                 delay = backoff(failures, UNAVAILABLE_BACKOFF, UNAVAILABLE_BACKOFF_CAP)
-                self._log.warning("%s: store unavailable; retrying in %.1fs", self._name, delay)
+                self._log.warning(
+                    "%s: store unavailable (%s); retrying in %.1fs", self._name, _why(exc), delay
+                )
                 await asyncio.sleep(delay)
                 continue
             except Exception:  # noqa: BLE001 - logged with its traceback
@@ -176,3 +178,14 @@ class Consumer:
                 if claimed:  # the items just claimed go first, the probe of the next due after
                     await asyncio.sleep(0)
                 await self._idle_wait()
+
+
+def _why(exc: BaseException) -> str:
+    """What the driver said made the store unavailable, without the statement or its values
+    (SQLAlchemy's message carries both)."""
+    cause = exc.__cause__
+    said = getattr(cause, "orig", None) or cause
+    if said is None:
+        return str(exc)
+    text = str(said).splitlines()[0] if str(said) else ""
+    return f"{type(said).__name__}: {text}" if text else type(said).__name__

@@ -451,24 +451,29 @@ class EventHub:
             self._seen = {i for i in self._seen if i >= horizon}
         start = max(start, horizon)
         self.reads += 1
+        # With no workspace stream open, only the runs followed have events to hand out:
+        # read theirs alone (another tenant's burst of events is then nothing to read).
+        runs = None if self._by_scope else list(self._by_run)
         async with self._db.read() as conn:
             if lookback:
-                await self._read_missing(conn, start)
+                await self._read_missing(conn, start, runs)
             else:
-                await self._read_all(conn, start)
+                await self._read_all(conn, start, runs)
 
-    async def _read_all(self, conn: Any, after: str) -> None:
+    async def _read_all(self, conn: Any, after: str, runs: list[str] | None) -> None:
         while True:
-            batch = await events_store.events_after(conn, after, limit=READ_BATCH)
+            batch = await events_store.events_after(conn, after, limit=READ_BATCH, run_ids=runs)
             self._deliver(batch)
             if len(batch) < READ_BATCH:
                 return
             after = batch[-1].id
 
-    async def _read_missing(self, conn: Any, after: str) -> None:
-        """The ids after ``after`` first (the index alone), then only the unseen rows."""
+    async def _read_missing(self, conn: Any, after: str, runs: list[str] | None) -> None:
+        """The ids after ``after`` first (an index alone), then only the unseen rows."""
         while True:
-            ids = await events_store.event_ids_after(conn, after, limit=READ_BATCH * 4)
+            ids = await events_store.event_ids_after(
+                conn, after, limit=READ_BATCH * 4, run_ids=runs
+            )
             missing = [i for i in ids if i not in self._seen]
             if missing:
                 self._deliver(await events_store.events_by_id(conn, missing))

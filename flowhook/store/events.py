@@ -96,15 +96,25 @@ def _announces(conn: AsyncConnection, floor: str) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-async def events_after(conn: AsyncConnection, after: str, *, limit: int) -> list[Event]:
-    """Events of every workspace with an id above ``after``, oldest first."""
+async def events_after(
+    conn: AsyncConnection, after: str, *, limit: int, run_ids: Sequence[str] | None = None
+) -> list[Event]:
+    """Events of every workspace with an id above ``after``, oldest first; with ``run_ids``,
+    only those runs' (read through their runs' index: what a busy workspace commits
+    meanwhile costs nothing)."""
     q = select(events).where(events.c.id > after).order_by(events.c.id).limit(limit)
+    if run_ids is not None:
+        q = q.where(events.c.run_id.in_(list(run_ids)))
     return [Event.from_row(r) for r in (await conn.execute(q)).all()]
 
 
-async def event_ids_after(conn: AsyncConnection, after: str, *, limit: int) -> list[str]:
-    """Only the ids of :func:`events_after` (the primary key's index alone)."""
+async def event_ids_after(
+    conn: AsyncConnection, after: str, *, limit: int, run_ids: Sequence[str] | None = None
+) -> list[str]:
+    """Only the ids of :func:`events_after` (an index alone)."""
     q = select(events.c.id).where(events.c.id > after).order_by(events.c.id).limit(limit)
+    if run_ids is not None:
+        q = q.where(events.c.run_id.in_(list(run_ids)))
     return list((await conn.execute(q)).scalars())
 
 
