@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 
@@ -29,12 +30,48 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "main"]
 
+_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
+
+
+def _plain_help() -> None:
+    """``--help`` as people read it: typer (0.2x) writes each option's Python type
+    (``--json <bool>``, ``--limit <int>``) and an argument in braces (``{flow_id}``). A flag
+    is written bare, a value as a word (TEXT, INTEGER), an argument in capitals, as click
+    does. (A typer without these hooks writes click's own, which reads that way already.)"""
+    core = typer.core
+    if not hasattr(core.TyperOption, "display_type_rich"):  # pragma: no cover - older typer
+        return
+
+    def word(self: Any, ctx: Any) -> str | None:
+        if self.metavar is not None:
+            return str(self.metavar)
+        if getattr(self, "is_flag", False):
+            return None
+        shown = str(self.display_type(ctx)).strip("<>")
+        if shown.startswith("list[") and shown.endswith("]"):
+            inner = shown[5:-1]
+            return f"{_WORDS.get(inner, inner.upper())}..."
+        return _WORDS.get(shown, shown.upper() if shown.isidentifier() else shown)
+
+    def usage_name(self: Any) -> str:
+        name = str(self.metavar or self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return f"{name}..." if self.nargs != 1 else name
+
+    core.TyperOption.display_type_rich = word  # type: ignore[method-assign]
+    core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+    core.TyperArgument._usage_display_name = usage_name  # type: ignore[method-assign]
+
+
+_plain_help()
+
 app = typer.Typer(
     name="flowhook",
     help="Flowhook: start workflow runs over HTTP, follow them, get signed webhooks.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a docstring's lines are one paragraph, as they read
 )
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
@@ -150,7 +187,8 @@ def _print_welcome(seeded: Bootstrapped, base: str) -> None:
         "    -H 'Content-Type: application/json' \\",
         f"    -d {shlex.quote(body)}",
         "",
-        "Then read it with GET /api/v1/flows/runs/<run_id> (same key).",
+        "Then read it with GET /api/v1/flows/runs/<run_id> (same key),",
+        f"or open the settings screen at {base}/ and sign in with the sandbox key.",
         "",
     ]
     print("\n".join(lines), file=sys.stdout, flush=True)

@@ -164,6 +164,7 @@ def flows_apply(
 
 @flows.command("list")
 def flows_list(as_json: JsonOpt = False) -> None:
+    """List flows: each one's id, name, current version and number of steps."""
     with client() as c:
         data = c.list_flows()
     listing(
@@ -215,6 +216,34 @@ def flows_show(
     )
     for step in found["definition"]["steps"]:
         console.print(f"  {step['id']} [dim]{step['type']}[/dim]")
+
+
+@flows.command("versions")
+def flows_versions(
+    flow: Annotated[str, typer.Argument(help="The flow: its id (wf_…) or its name.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """List a flow's versions, newest first (a run keeps the version it started on)."""
+    with client() as c:
+        data = c.flow_versions(resolve_flow(c, flow))
+    listing(
+        data,
+        as_json,
+        ["version", "created"],
+        lambda v: [v["version"], v["created_at"]],
+        "no versions",
+    )
+
+
+@flows.command("delete")
+def flows_delete(
+    flow: Annotated[str, typer.Argument(help="The flow: its id (wf_…) or its name.")],
+) -> None:
+    """Archive a flow: executing it answers 404 from now on; its runs and versions are kept."""
+    with client() as c:
+        flow_id = resolve_flow(c, flow)
+        c.delete_flow(flow_id)
+    console.print(f"{flow_id} deleted (archived: its runs are kept)")
 
 
 @runs.command("start")
@@ -329,37 +358,54 @@ def runs_rerun(
         _answer(c, accepted, wait=wait, timeout=timeout, as_json=as_json)
 
 
-def _run_row(r: Run) -> list[Any]:
-    return [r.run_id, r.flow_id, r.status, r.steps_executed, r.duration_ms, r.queued_at]
+def _run_row(r: Run, names: dict[str, str]) -> list[Any]:
+    return [
+        r.run_id, names.get(r.flow_id, ""), r.flow_id, r.status, r.steps_executed, r.duration_ms,
+        r.queued_at,
+    ]  # fmt: skip
 
 
 @runs.command("list")
 def runs_list(
-    flow_id: Annotated[str | None, typer.Option("--flow")] = None,
-    status: Annotated[str | None, typer.Option("--status")] = None,
-    limit: Annotated[int, typer.Option("--limit")] = 20,
+    flow: Annotated[
+        str | None, typer.Option("--flow", help="Only runs of this flow: its id or its name.")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Only runs in this status: queued, running, completed…"),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
+    """List runs, newest first, with their flow's name."""
     with client() as c:
+        flow_id = resolve_flow(c, flow) if flow is not None else None
         data = c.list_runs(flow_id=flow_id, status=status, limit=limit)
+        names = flow_names(c) if data and not as_json else {}
     if as_json:
         out_json([r.raw for r in data])
         return
     table(
-        ["run_id", "flow_id", "status", "steps", "ms", "queued_at"],
-        [_run_row(r) for r in data],
+        ["run_id", "flow", "flow_id", "status", "steps", "ms", "queued_at"],
+        [_run_row(r, names) for r in data],
         "no runs",
     )
 
 
+RunArg = Annotated[str, typer.Argument(help="The run (run_…).")]
+
+
 @runs.command("show")
-def runs_show(run_id: str, as_json: JsonOpt = False) -> None:
+def runs_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Show a run: its status, each step with its duration, its error or output."""
     with client() as c:
         run = c.get_run(run_id)
+        name = None if as_json else flow_names(c).get(run.flow_id)
     if as_json:
         out_json(run.raw)
         return
-    console.print(f"{run.run_id} [bold]{run.status}[/bold] flow {run.flow_id}")
+    flow = f"{escape(name)} ({run.flow_id})" if name else run.flow_id
+    console.print(f"{run.run_id} [bold]{run.status}[/bold] flow {flow}")
     for step in run.steps:
         print_step(console, step)
     if run.error:
@@ -415,7 +461,9 @@ def runs_reject(
 
 
 @runs.command("cancel")
-def runs_cancel(run_id: str, as_json: JsonOpt = False) -> None:
+def runs_cancel(run_id: RunArg, as_json: JsonOpt = False) -> None:
+    """Cancel a run: a queued one at once, a running one at its next step (its step in
+    flight is interrupted)."""
     with client() as c:
         run = c.cancel(run_id)
     if as_json:
@@ -461,36 +509,107 @@ def endpoints_add(
 
 @endpoints.command("list")
 def endpoints_list(as_json: JsonOpt = False) -> None:
+    """List webhook endpoints: each one's URL, events and state."""
     with client() as c:
         data = c.list_endpoints()
     listing(
         data,
         as_json,
-        ["id", "url", "events", "enabled"],
-        lambda e: [e["id"], e["url"], ", ".join(e["events"]), e["enabled"]],
+        ["id", "url", "description", "events", "state"],
+        lambda e: [
+            e["id"],
+            e["url"],
+            e.get("description") or "",
+            ", ".join(e["events"]),
+            "enabled" if e["enabled"] else "disabled",
+        ],
         "no endpoints",
     )
+
+
+EndpointArg = Annotated[str, typer.Argument(help="The endpoint (ep_…).")]
+
+
+@endpoints.command("show")
+def endpoints_show(endpoint_id: EndpointArg, as_json: JsonOpt = False) -> None:
+    """Show an endpoint: its URL, events, state and settings (never its secret)."""
+    with client() as c:
+        ep = c.get_endpoint(endpoint_id)
+    if as_json:
+        out_json(ep)
+        return
+    state = "enabled" if ep["enabled"] else f"disabled ({ep.get('disabled_reason') or 'by hand'})"
+    console.print(f"{ep['id']} {escape(ep['url'])}")
+    for label, value in (
+        ("description", ep.get("description")),
+        ("events", ", ".join(ep["events"])),
+        ("state", state),
+        ("failing since", ep.get("failing_since")),
+        ("rate limit", f"{ep['rate_limit']:g}/s" if ep.get("rate_limit") else None),
+        ("ordering", ep.get("ordering")),
+        ("flows", ", ".join((ep.get("filter") or {}).get("flow_ids") or []) or None),
+        ("created", ep["created_at"]),
+    ):
+        if value:
+            console.print(f"  {label}: {escape(str(value))}")
+
+
+@endpoints.command("test")
+def endpoints_test(endpoint_id: EndpointArg, as_json: JsonOpt = False) -> None:
+    """Send the endpoint a test event (webhook.test), signed as every event is."""
+    with client() as c:
+        event = c.test_endpoint(endpoint_id)
+    shown(
+        event,
+        as_json,
+        lambda: (
+            f"{event['id']} {event['event']} queued for {endpoint_id}: "
+            "`flowhook deliveries list` shows how it went"
+        ),
+    )
+
+
+@endpoints.command("delete")
+def endpoints_delete(endpoint_id: EndpointArg) -> None:
+    """Delete an endpoint: nothing more is sent to it, its deliveries are kept."""
+    with client() as c:
+        c.delete_endpoint(endpoint_id)
+    console.print(f"{endpoint_id} deleted")
 
 
 @deliveries.command("list")
 def deliveries_list(
     failed: Annotated[bool, typer.Option("--failed", help="Only failed deliveries.")] = False,
-    limit: Annotated[int, typer.Option("--limit")] = 20,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
+    """List webhook deliveries, newest first: the event, where it went, how it went."""
     with client() as c:
         data = c.list_deliveries(status="failed" if failed else None, limit=limit)
+        urls = {e["id"]: e["url"] for e in c.list_endpoints()} if data and not as_json else {}
     listing(
         data,
         as_json,
-        ["id", "event", "status", "attempts", "last error", "run_id"],
-        lambda d: [d["id"], d["event"], d["status"], d["attempts"], d["last_error"], d["run_id"]],
+        ["id", "event", "endpoint", "status", "attempts", "last error", "run_id"],
+        lambda d: [
+            d["id"],
+            d["event"],
+            urls.get(d["endpoint_id"], d["endpoint_id"]),
+            d["status"],
+            d["attempts"],
+            d["last_error"],
+            d["run_id"],
+        ],
         "no failed deliveries" if failed else "no deliveries",
     )
 
 
 @deliveries.command("replay")
-def deliveries_replay(delivery_id: str, as_json: JsonOpt = False) -> None:
+def deliveries_replay(
+    delivery_id: Annotated[str, typer.Argument(help="The delivery (dlv_…).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Send a delivery's event again, signed anew, as a new delivery (failed or not)."""
     with client() as c:
         d = c.replay_delivery(delivery_id)
     shown(d, as_json, lambda: f"{d['id']} queued (replay of {d['replay_of']})")
@@ -525,15 +644,98 @@ def hooks_create(
     )
 
 
+HookArg = Annotated[str, typer.Argument(help="The hook (hk_…).")]
+
+
+def flow_names(c: Client) -> dict[str, str]:
+    """Every flow's name by its id, to print beside the ids a list holds."""
+    return {f["flow_id"]: f["name"] for f in c.list_flows()}
+
+
+def _hook_does(h: dict[str, Any], names: dict[str, str]) -> str:
+    if h.get("signal"):
+        return f"sends signal {h['signal']}"
+    name = names.get(h["flow_id"])
+    return f"starts runs of {h['flow_id']}" + (f" ({name})" if name else "")
+
+
+@hooks.command("list")
+def hooks_list(as_json: JsonOpt = False) -> None:
+    """List inbound hooks: what each POST does, and its URL."""
+    with client() as c:
+        data = c.list_hooks()
+        names = flow_names(c) if data and not as_json else {}
+    listing(
+        data,
+        as_json,
+        ["id", "does", "verify", "url"],
+        lambda h: [
+            h["id"],
+            _hook_does(h, names),
+            (h.get("verify") or {}).get("type") or "none",
+            h["url"],
+        ],
+        "no hooks",
+    )
+
+
+@hooks.command("show")
+def hooks_show(hook_id: HookArg, as_json: JsonOpt = False) -> None:
+    """Show an inbound hook (its secret is shown only when made or rotated)."""
+    with client() as c:
+        h = c.get_hook(hook_id)
+        names = flow_names(c) if not as_json and h.get("flow_id") else {}
+    if as_json:
+        out_json(h)
+        return
+    console.print(f"{h['id']} ({_hook_does(h, names)})\nPOST {escape(h['url'])}")
+    verify = h.get("verify") or {}
+    console.print(f"  verify: {verify.get('type') or 'none'}")
+    if h.get("rate_limit"):
+        console.print(f"  rate limit: {h['rate_limit']:g}/s")
+    console.print(f"  created: {h['created_at']}")
+
+
+@hooks.command("rotate")
+def hooks_rotate(hook_id: HookArg, as_json: JsonOpt = False) -> None:
+    """Move a hook to a new id and URL (and a new secret when it verifies); the old URL
+    answers 404 at once."""
+    with client() as c:
+        h = c.rotate_hook(hook_id)
+    secret = (h.get("verify") or {}).get("secret")
+    shown(
+        h,
+        as_json,
+        lambda: (
+            f"{hook_id} is now {h['id']}: POST {h['url']}"
+            + (f"\nsecret: {secret}" if secret else "")
+        ),
+    )
+
+
+@hooks.command("delete")
+def hooks_delete(hook_id: HookArg) -> None:
+    """Delete an inbound hook: its URL answers 404 from now on."""
+    with client() as c:
+        c.delete_hook(hook_id)
+    console.print(f"{hook_id} deleted")
+
+
 @schedules.command("create")
 def schedules_create(
-    flow_id: str,
-    cron: Annotated[str, typer.Option("--cron", help="Five fields, such as '*/5 * * * *'.")],
-    timezone: Annotated[str, typer.Option("--timezone")] = "UTC",
-    payload: Annotated[str, typer.Option("--payload")] = "{}",
+    flow: Annotated[str, typer.Argument(help="The flow to run: its id (wf_…) or its name.")],
+    cron: Annotated[str, typer.Option("--cron", help="Five fields, such as `*/5 * * * *`.")],
+    timezone: Annotated[
+        str, typer.Option("--timezone", help="An IANA time zone, such as Europe/Paris.")
+    ] = "UTC",
+    payload: Annotated[
+        str, typer.Option("--payload", help="A JSON object each run is handed.")
+    ] = "{}",
     as_json: JsonOpt = False,
 ) -> None:
+    """Run a flow on a cron schedule (trigger `schedule`); prints its next run."""
     with client() as c:
+        flow_id = resolve_flow(c, flow)
         s = c.create_schedule(flow_id, cron, timezone, parse_json(payload, "--payload"))
     shown(
         s,
@@ -544,22 +746,64 @@ def schedules_create(
 
 @schedules.command("list")
 def schedules_list(as_json: JsonOpt = False) -> None:
+    """List cron schedules, each with its flow's name and its next run."""
     with client() as c:
         data = c.list_schedules()
+        names = flow_names(c) if data and not as_json else {}
     listing(
         data,
         as_json,
-        ["id", "flow_id", "cron", "timezone", "enabled", "next run"],
+        ["id", "flow", "cron", "timezone", "state", "next run"],
         lambda s: [
             s["id"],
-            s["flow_id"],
+            f"{names.get(s['flow_id'], '')} {s['flow_id']}".strip(),
             s["cron"],
             s["timezone"],
-            s["enabled"],
-            s.get("next_run_at"),
+            "active" if s["enabled"] else "paused",
+            s.get("next_run_at") if s["enabled"] else "",
         ],
         "no schedules",
     )
+
+
+ScheduleArg = Annotated[str, typer.Argument(help="The schedule (sch_…).")]
+
+
+def _switch(schedule_id: str, enabled: bool, as_json: bool) -> None:
+    with client() as c:
+        s = c.update_schedule(schedule_id, enabled=enabled)
+    shown(
+        s,
+        as_json,
+        lambda: (
+            f"{s['id']} "
+            + (
+                f"resumed: next run {s.get('next_run_at')}"
+                if enabled
+                else "paused: no run until resumed"
+            )
+        ),
+    )
+
+
+@schedules.command("pause")
+def schedules_pause(schedule_id: ScheduleArg, as_json: JsonOpt = False) -> None:
+    """Pause a schedule: it starts no run until resumed (the runs it missed are not made up)."""
+    _switch(schedule_id, False, as_json)
+
+
+@schedules.command("resume")
+def schedules_resume(schedule_id: ScheduleArg, as_json: JsonOpt = False) -> None:
+    """Resume a paused schedule from its next time on."""
+    _switch(schedule_id, True, as_json)
+
+
+@schedules.command("delete")
+def schedules_delete(schedule_id: ScheduleArg) -> None:
+    """Delete a schedule: it starts no more runs; the runs it started are kept."""
+    with client() as c:
+        c.delete_schedule(schedule_id)
+    console.print(f"{schedule_id} deleted")
 
 
 @signals.command("send")

@@ -9,7 +9,9 @@ from flowhook.client._core import Call
 __all__ = [
     "execute", "get_run", "list_runs", "cancel", "rerun", "send_signal", "decide", "create_flow", "update_flow", "get_flow",
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
-    "create_hook", "create_schedule", "list_schedules",
+    "create_hook", "create_schedule", "list_schedules", "flow_versions", "delete_flow",
+    "get_endpoint", "delete_endpoint", "test_endpoint", "list_hooks", "get_hook", "rotate_hook",
+    "delete_hook", "update_schedule", "delete_schedule",
 ]  # fmt: skip
 
 
@@ -126,3 +128,47 @@ def create_schedule(flow_id: str, cron: str, timezone: str, payload: dict[str, A
 
 def list_schedules(limit: int) -> Call:
     return Call("GET", "/schedules", params={"limit": limit})
+
+
+def flow_versions(flow_id: str) -> Call:
+    return Call("GET", f"/flows/{flow_id}/versions")
+
+
+def delete_flow(flow_id: str) -> Call:
+    return Call("DELETE", f"/flows/{flow_id}")
+
+
+def get_endpoint(endpoint_id: str) -> Call:
+    return Call("GET", f"/webhooks/endpoints/{endpoint_id}")
+
+
+def delete_endpoint(endpoint_id: str) -> Call:
+    return Call("DELETE", f"/webhooks/endpoints/{endpoint_id}")
+
+
+def test_endpoint(endpoint_id: str) -> Call:
+    return Call("POST", f"/webhooks/endpoints/{endpoint_id}/test")
+
+
+def list_hooks(limit: int) -> Call:
+    return Call("GET", "/hooks", params={"limit": limit})
+
+
+def get_hook(hook_id: str) -> Call:
+    return Call("GET", f"/hooks/{hook_id}")
+
+
+def rotate_hook(hook_id: str) -> Call:
+    return Call("POST", f"/hooks/{hook_id}/rotate")
+
+
+def delete_hook(hook_id: str) -> Call:
+    return Call("DELETE", f"/hooks/{hook_id}")
+
+
+def update_schedule(schedule_id: str, changes: dict[str, Any]) -> Call:
+    return Call("PATCH", f"/schedules/{schedule_id}", json=changes)
+
+
+def delete_schedule(schedule_id: str) -> Call:
+    return Call("DELETE", f"/schedules/{schedule_id}")

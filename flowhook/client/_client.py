@@ -234,6 +234,45 @@ class Client:
     def list_schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return list(self._send(calls.list_schedules(limit))["data"])
 
+    def flow_versions(self, flow_id: str) -> list[dict[str, Any]]:
+        """A flow's versions, newest first: ``{"version", "created_at"}`` each."""
+        return list(self._send(calls.flow_versions(flow_id))["data"])
+
+    def delete_flow(self, flow_id: str) -> None:
+        """Archive a flow: executing it answers 404 afterwards; its runs are kept."""
+        self._send(calls.delete_flow(flow_id))
+
+    def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        return dict(self._send(calls.get_endpoint(endpoint_id)))
+
+    def delete_endpoint(self, endpoint_id: str) -> None:
+        self._send(calls.delete_endpoint(endpoint_id))
+
+    def test_endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        """Send the endpoint a ``webhook.test`` event; answers the event (its delivery follows)."""
+        return dict(self._send(calls.test_endpoint(endpoint_id)))
+
+    def list_hooks(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_hooks(limit))["data"])
+
+    def get_hook(self, hook_id: str) -> dict[str, Any]:
+        return dict(self._send(calls.get_hook(hook_id)))
+
+    def rotate_hook(self, hook_id: str) -> dict[str, Any]:
+        """Move the hook to a new URL (and a new secret, for a verified one); the old URL
+        answers 404 at once. The answer carries the new secret (shown once)."""
+        return dict(self._send(calls.rotate_hook(hook_id)))
+
+    def delete_hook(self, hook_id: str) -> None:
+        self._send(calls.delete_hook(hook_id))
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
+        """Change a schedule: ``enabled``, ``cron``, ``timezone``, ``payload``."""
+        return dict(self._send(calls.update_schedule(schedule_id, changes)))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        self._send(calls.delete_schedule(schedule_id))
+
 
 class AsyncClient:
     """:class:`Client` for asyncio: the same methods, awaited."""

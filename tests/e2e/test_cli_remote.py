@@ -275,3 +275,77 @@ def test_flows_by_name_show_and_decisions_from_the_cli(tmp_path: Path) -> None:
             while (run := js(server, "runs", "show", run_id))["status"] != status:
                 assert time.monotonic() < deadline, run
                 time.sleep(0.1)
+
+
+def test_the_commands_a_user_reaches_for_manage_flows_hooks_schedules_and_endpoints(
+    tmp_path: Path,
+) -> None:
+    """flows versions|delete, hooks list|show|rotate|delete, schedules pause|resume|delete,
+    endpoints show|test|delete: each against a real server, names beside ids in the lists,
+    and each deleted thing gone afterwards (the next command about it answers 404)."""
+    env = {"FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true", "FLOWHOOK_LOG_LEVEL": "warning"}
+    with serve(tmp_path, f"sqlite:///{tmp_path / 'cli.db'}", **env) as server:
+        flow_file = tmp_path / "flow.json"
+        flow_file.write_text(json.dumps({"name": "Nightly report", "steps": [
+            {"id": "a", "type": "transform", "output": {"ok": True}}]}))  # fmt: skip
+        flow_id = js(server, "flows", "apply", "-f", str(flow_file))["flow_id"]
+        js(server, "flows", "apply", "-f", str(flow_file))  # version 2
+        versions = js(server, "flows", "versions", "Nightly report")
+        assert [v["version"] for v in versions] == [2, 1]
+        table = ok(server, "flows", "versions", flow_id)
+        assert "version" in table and "created" in table
+
+        hook = js(server, "hooks", "create", flow_id, "--verify", "hmac")
+        listed = ok(server, "hooks", "list")
+        assert hook["id"] in listed and "Nightly report" in listed and "hmac" in listed
+        shown = ok(server, "hooks", "show", hook["id"])
+        assert f"starts runs of {flow_id} (Nightly report)" in shown
+        assert hook["verify"]["secret"] not in shown  # shown only when made or rotated
+        rotated = js(server, "hooks", "rotate", hook["id"])
+        assert (
+            rotated["url"] != hook["url"]
+            and rotated["verify"]["secret"] != hook["verify"]["secret"]
+        )
+        gone = cli(server, "hooks", "show", hook["id"])  # the old id and URL are gone
+        assert gone.returncode == 1 and "error 404" in gone.stderr
+        assert f"{rotated['id']} deleted" in ok(server, "hooks", "delete", rotated["id"])
+        gone = cli(server, "hooks", "show", rotated["id"])
+        assert gone.returncode == 1 and "error 404" in gone.stderr
+        assert "no hooks" in ok(server, "hooks", "list")
+
+        schedule = js(server, "schedules", "create", flow_id, "--cron", "0 3 * * *")
+        assert "Nightly report" in ok(server, "schedules", "list")
+        assert "paused: no run until resumed" in ok(server, "schedules", "pause", schedule["id"])
+        assert js(server, "schedules", "list")[0]["enabled"] is False
+        assert "paused" in ok(server, "schedules", "list")
+        assert "resumed: next run" in ok(server, "schedules", "resume", schedule["id"])
+        assert js(server, "schedules", "list")[0]["enabled"] is True
+        assert f"{schedule['id']} deleted" in ok(server, "schedules", "delete", schedule["id"])
+        assert "no schedules" in ok(server, "schedules", "list")
+
+        with socket.socket() as sink:  # an address that answers nothing useful: the test
+            sink.bind(("127.0.0.1", 0))  # event is queued and delivered (or retried) later
+            url = f"http://127.0.0.1:{sink.getsockname()[1]}/hook"
+            ep = js(
+                server,
+                "endpoints",
+                "add",
+                url,
+                "--events",
+                "flow.completed",
+                "--description",
+                "orders",
+            )
+            shown = ok(server, "endpoints", "show", ep["id"])
+            assert url in shown and "events: flow.completed" in shown and "orders" in shown
+            assert ep["secret"] not in shown
+            event = js(server, "endpoints", "test", ep["id"])
+            assert event["event"] == "webhook.test"
+            assert "webhook.test queued for" in ok(server, "endpoints", "test", ep["id"])
+            assert f"{ep['id']} deleted" in ok(server, "endpoints", "delete", ep["id"])
+            gone = cli(server, "endpoints", "show", ep["id"])
+            assert gone.returncode == 1 and "error 404" in gone.stderr
+
+        assert "deleted (archived" in ok(server, "flows", "delete", "Nightly report")
+        gone = cli(server, "runs", "start", flow_id)
+        assert gone.returncode == 1 and "error 404" in gone.stderr
