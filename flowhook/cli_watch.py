@@ -22,7 +22,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from flowhook.client import APIError, Client, FlowhookClientError, Run, StreamError, StreamEvent
+from flowhook.client import (
+    APIError,
+    Client,
+    FlowhookClientError,
+    Run,
+    Step,
+    StreamError,
+    StreamEvent,
+)
 
 __all__ = ["EventFeed", "Board", "event_line", "follow", "print_step", "wait_quietly", "watch"]
 
@@ -131,7 +139,7 @@ class Row:
     index: int | None = None
 
     @classmethod
-    def of(cls, step: dict[str, Any]) -> Row:
+    def of(cls, step: Step) -> Row:
         """The row of a step of the run record (a map item's or a branch's, too)."""
         return cls(
             step["id"], step["type"], step["status"], step.get("duration_ms"),
@@ -247,7 +255,7 @@ def event_line(event: StreamEvent) -> str:
     return f"{at} {event.event} {text}".strip()
 
 
-def print_step(console: Console, step: dict[str, Any]) -> None:
+def print_step(console: Console, step: Step) -> None:
     mark = {
         "completed": "[green]✓[/green]",
         "failed": "[red]✗[/red]",
@@ -263,7 +271,7 @@ def print_step(console: Console, step: dict[str, Any]) -> None:
     )
 
 
-def _waiting_for(step: dict[str, Any]) -> str:
+def _waiting_for(step: Step) -> str:
     """What a waiting step waits for, and until when."""
     output = step.get("output") or {}
     if step["status"] != "waiting" or not isinstance(output, dict):

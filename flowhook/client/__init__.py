@@ -11,7 +11,7 @@ use it alone.
 """
 
 from flowhook.client._client import AsyncClient, Client
-from flowhook.client._core import TERMINAL, Run, RunAccepted
+from flowhook.client._core import TERMINAL, Run, RunAccepted, RunError, Step
 from flowhook.client._errors import (
     APIError,
     FlowhookClientError,
@@ -27,6 +27,8 @@ __all__ = [
     "AsyncClient",
     "Run",
     "RunAccepted",
+    "RunError",
+    "Step",
     "TERMINAL",
     "StreamEvent",
     "TERMINAL_EVENTS",

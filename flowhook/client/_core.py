@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import httpx
 
 from flowhook.client._errors import APIError
 
-__all__ = ["Call", "Run", "RunAccepted", "TERMINAL", "api_base", "parse_error"]
+__all__ = [
+    "Call", "Run", "RunAccepted", "RunError", "Step", "TERMINAL", "api_base", "parse_error",
+]  # fmt: skip
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
@@ -18,6 +20,41 @@ def api_base(base_url: str) -> str:
     """``http://host:8080`` or ``http://host:8080/api/v1`` → ``http://host:8080/api/v1``."""
     base = base_url.rstrip("/")
     return base if base.endswith("/api/v1") else base + "/api/v1"
+
+
+class RunError(TypedDict):
+    """Why a run or a step failed (``Run.error``, a step's ``error``): ``type`` is the kind
+    (``http_status``, ``timeout``, ``expression``, ``cancelled``, ``fail``…), ``message``
+    says it in words, ``step`` names the step a run failed at; some kinds say more (an
+    ``http_status`` error's ``status`` and ``body``)."""
+
+    type: str
+    message: str
+    step: NotRequired[str]
+    status: NotRequired[int]
+    body: NotRequired[Any]
+
+
+class Step(TypedDict):
+    """One step of a run, as ``GET /api/v1/flows/runs/{id}`` gives it (a dict: ``step["id"]``
+    reads as it always did; the names are typed)."""
+
+    id: str
+    type: str
+    status: str
+    """running, waiting, retrying, completed, failed or skipped."""
+    attempts: int
+    interrupted_attempts: list[int]
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    output: Any
+    error: RunError | None
+    reused: bool
+    parent: NotRequired[str]
+    """On a step of a ``parallel`` branch or a ``map`` item: that step's id."""
+    branch: NotRequired[str]
+    index: NotRequired[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +73,8 @@ class Run:
     flow_id: str
     status: str
     output: Any = None
-    error: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    error: RunError | None = None
+    steps: list[Step] = field(default_factory=list)
     steps_executed: int = 0
     queued_at: str | None = None
     started_at: str | None = None

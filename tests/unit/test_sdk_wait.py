@@ -64,3 +64,22 @@ def test_the_async_client_long_polls_too() -> None:
 
     assert asyncio.run(go()) == "completed"
     assert len(server.asked) == 2 and "wait" in server.asked[1]
+
+
+def test_a_run_s_steps_and_error_are_typed_and_still_read_as_dicts() -> None:
+    """``Run.steps`` are :class:`Step` and ``Run.error`` a :class:`RunError` (TypedDicts:
+    the names are typed for a type checker), and they read as the dicts they always were."""
+    from flowhook.client import Run, RunError, Step
+
+    step: Step = {
+        "id": "charge", "type": "http", "status": "failed", "attempts": 3,
+        "interrupted_attempts": [], "started_at": "t", "finished_at": "t", "duration_ms": 12,
+        "output": None, "error": {"type": "http_status", "message": "502", "status": 502},
+        "reused": False,
+    }  # fmt: skip
+    error: RunError = {"type": "http_status", "message": "502", "step": "charge"}
+    run = Run.from_json(
+        {"run_id": "run_1", "flow_id": "wf_1", "status": "failed", "steps": [step], "error": error}
+    )
+    assert run.steps[0]["id"] == "charge" and isinstance(run.steps[0], dict)
+    assert run.error is not None and run.error["step"] == "charge"
