@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     """0: `flowhook serve` binds a free port and prints it (``listening on http://…``)."""
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024)
     log_level: str = "info"
-    log_format: str = Field(default="json", pattern="^(json|text)$")
+    log_format: str = Field(default="auto", pattern="^(auto|json|text)$")
+    """``auto``: lines a person reads on a terminal, JSON lines anywhere else."""
     public_url: str | None = None
     """The base URL people reach this service at (for inbound hook URLs); default: the request's."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from flowhook.store.db import Database
 __all__ = ["migrate", "current_revision", "head_revision", "alembic_config"]
 
 _HERE = Path(__file__).parent / "migrations"
+log = logging.getLogger("flowhook")
 
 
 def alembic_config() -> Config:
@@ -37,16 +39,23 @@ async def migrate(db: Database, revision: str = "head") -> None:
     with the keys given (a wrong key stops here too, and nothing is written)."""
     box = db.keyring.box()
 
-    def _upgrade(sync_conn: Any) -> None:
+    def _upgrade(sync_conn: Any) -> tuple[str | None, str | None]:
+        before = MigrationContext.configure(sync_conn).get_current_revision()
         cfg = alembic_config()
         cfg.attributes["connection"] = sync_conn
         cfg.attributes["secret_box"] = box
         command.upgrade(cfg, revision)
         if revision == "head":
             secrets.reseal(sync_conn, box, mode="seal").raise_if_unreadable(box.source)
+        return before, MigrationContext.configure(sync_conn).get_current_revision()
 
     async with db.writer.begin() as conn:
-        await conn.run_sync(_upgrade)
+        before, after = await conn.run_sync(_upgrade)
+    if before != after:  # one line; each revision's own is Alembic's, at debug
+        if before is None:
+            log.info("migrated an empty database to revision %s", after)
+        else:
+            log.info("migrated the database from revision %s to %s", before, after)
 
 
 async def current_revision(db: Database) -> str | None:
