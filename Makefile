@@ -10,7 +10,7 @@ WORKERS ?= 4
 # as `.venv/bin/pytest tests/unit/test_retry.py` (no coverage, no workers).
 PYTEST_ARGS ?=
 
-.PHONY: help install serve test soak lint format typecheck check bench clean
+.PHONY: help install install-dev serve test soak lint format typecheck check bench clean
 
 help:
 	@echo "make serve      set up and start Flowhook on SQLite (http://127.0.0.1:8080)"
@@ -22,18 +22,32 @@ help:
 	@echo "make check      ruff, format check and mypy"
 	@echo "make bench      the benchmark suite on SQLite and PostgreSQL (see bench/README.md)"
 
-$(BIN)/flowhook: pyproject.toml
+# Two stamps: `make serve` installs what running needs (Flowhook and its dependencies); the
+# tests, checks and benchmarks install the dev extra beside it (pytest, mypy, schemathesis,
+# playwright, matplotlib: about five times the size).
+RUNTIME := $(VENV)/.flowhook-runtime
+DEV := $(VENV)/.flowhook-dev
+
+$(RUNTIME): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	@touch $@
+
+$(DEV): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $@
+	@touch $(RUNTIME) $@
 
-install: $(BIN)/flowhook
+install: $(RUNTIME)
+
+install-dev: $(DEV)
 
 serve: install
 	$(BIN)/flowhook serve
 
-test: install
+test: install-dev
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-wrk
@@ -42,25 +56,25 @@ test: install
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov -m "not soak and not no_tracer" --durations=30 $(PYTEST_ARGS)
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal -m "not soak and no_tracer" $(PYTEST_ARGS)
 
-soak: install
+soak: install-dev
 	scripts/ensure-postgres
 	scripts/ensure-wrk
 	$(BIN)/pytest -n 2 --dist worksteal -m soak --timeout 900 --durations=15 $(PYTEST_ARGS)
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: install
+format: install-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-typecheck: install
+typecheck: install-dev
 	$(BIN)/mypy
 
 check: lint typecheck
 
-bench: install
+bench: install-dev
 	scripts/ensure-postgres
 	scripts/ensure-wrk
 	$(BIN)/python bench/suite.py
