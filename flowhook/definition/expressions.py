@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from jinja2 import TemplateError, Undefined, nodes
-from jinja2.exceptions import SecurityError
 
 from flowhook.definition import deadline
 from flowhook.definition.deadline import MAX_EVAL_SECONDS, TooSlow, bounded, in_thread
+from flowhook.definition.explain import explain
 from flowhook.definition.sandbox import (
     MAX_BUILT,
     MAX_SEQUENCE,
@@ -197,11 +197,8 @@ _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.DOTALL)
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, SecurityError):
-        return f"refused by the sandbox: {exc}"
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    return str(exc) or type(exc).__name__
+    """A compile error in words (a run-time one is :func:`explain`'s, with its context)."""
+    return explain(exc)
 
 
 MAX_EXPRESSION_CHARS = 4000
@@ -256,7 +253,7 @@ def _compile_string(source: str) -> tuple[_Fn, int, frozenset[str]]:
             except TooSlow:
                 raise ExpressionError(f"{source!r}: {_too_slow()}") from None
             except Exception as exc:
-                raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+                raise ExpressionError(f"{source!r}: {explain(exc, ctx)}") from exc
 
         return native, size, names
 
@@ -266,7 +263,7 @@ def _compile_string(source: str) -> tuple[_Fn, int, frozenset[str]]:
         except TooSlow:
             raise ExpressionError(f"{source!r}: {_too_slow()}") from None
         except Exception as exc:
-            raise ExpressionError(f"{source!r}: {_describe(exc)}") from exc
+            raise ExpressionError(f"{source!r}: {explain(exc, ctx)}") from exc
 
     return text, size, names
 

@@ -20,11 +20,13 @@ from collections.abc import Callable, Collection, Iterable
 from types import BuiltinMethodType, MethodType
 from typing import Any, NoReturn
 
-from jinja2 import StrictUndefined, filters, nodes
+from jinja2 import filters, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import Namespace, pass_environment, pass_eval_context
+
+from flowhook.definition.explain import PlainUndefined
 
 __all__ = [
     "INLINE_BUILT",
@@ -808,7 +810,7 @@ def _bounded_filters() -> dict[str, Callable[..., Any]]:
     return bounded
 
 
-SANDBOX = _Sandbox(undefined=StrictUndefined, autoescape=False, finalize=_finalize)
+SANDBOX = _Sandbox(undefined=PlainUndefined, autoescape=False, finalize=_finalize)
 # Only the listed filters exist (no pprint, ...), and of the globals no lipsum.
 SANDBOX.filters = _bounded_filters()
 SANDBOX.globals = {n: SANDBOX.globals[n] for n in ("range", "cycler", "joiner")}
