@@ -57,9 +57,29 @@ class InvalidInput(FlowhookError):
 
 
 class InvalidDefinition(InvalidInput):
-    """A flow definition that fails its JSON Schema or its semantic checks."""
+    """A flow definition that fails its JSON Schema or its semantic checks: ``problems``
+    holds each problem found (one per place), this error's message is the first's."""
 
     code = "invalid_definition"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, field=field, code=code)
+        self.problems: list[InvalidDefinition] = [self]
+
+    @classmethod
+    def of(cls, problems: list[InvalidDefinition]) -> InvalidDefinition:
+        """One error for every problem of a definition (the first's message, and how many
+        more there are)."""
+        first = problems[0]
+        more = len(problems) - 1
+        said = (
+            f"{first.message} (and {more} more problem{'s' if more > 1 else ''})"
+            if more
+            else first.message
+        )
+        every = cls(said, field=first.field)
+        every.problems = list(problems)
+        return every
 
 
 class Unauthenticated(FlowhookError):

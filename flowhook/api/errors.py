@@ -98,7 +98,10 @@ def domain_error_response(exc: errors.FlowhookError) -> Response:
     headers = {"Retry-After": "1"} if status == 503 else None
     if isinstance(exc, errors.RateLimited):
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    return error_response(status, exc.message, exc.code, headers)
+    problems = None
+    if isinstance(exc, errors.InvalidDefinition):  # every problem, each where it lies
+        problems = [{"field": p.field, "message": p.message} for p in exc.problems]
+    return error_response(status, exc.message, exc.code, headers, problems)
 
 
 HtmlErrorPage = Callable[[Request, int, str], Awaitable[Response]]

@@ -106,9 +106,19 @@ def ts(value: datetime | None) -> str | None:
     return isoformat(value) if value is not None else None
 
 
+class Problem(BaseModel):
+    field: str | None = Field(description="Where it lies, as `definition.steps[1].output`.")
+    message: str = Field(description="What is wrong there, in words a person can act on.")
+
+
 class ErrorBody(BaseModel):
     error: str = Field(description="What went wrong, in words a person can act on.")
     code: str = Field(description="A stable machine-readable code.")
+    errors: list[Problem] | None = Field(
+        default=None,
+        description="`invalid_definition`: every problem of the definition, each told where "
+        "it lies (one for each step or field at fault); `error` is the first's.",
+    )
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:

@@ -16,6 +16,15 @@ class ORJSONResponse(JSONResponse):
 
 
 def error_response(
-    status: int, message: str, code: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+    problems: list[dict[str, str | None]] | None = None,
 ) -> ORJSONResponse:
-    return ORJSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+    """``{"error", "code"}``, and ``"errors"`` (``[{"field", "message"}, …]``) when the
+    request had several problems, each told where it lies (a flow definition's)."""
+    body: dict[str, object] = {"error": message, "code": code}
+    if problems is not None:
+        body["errors"] = problems
+    return ORJSONResponse(body, status_code=status, headers=headers)

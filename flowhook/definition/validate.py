@@ -3,6 +3,7 @@ step ids, jump targets that exist and lie ahead, expressions that compile)."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import time
@@ -40,6 +41,10 @@ COMPILE_SECONDS = 5.0
 """The time a definition's expressions may take to compile before it is refused."""
 
 
+class _OverBudget(InvalidDefinition):
+    """A definition past the size or compile time its expressions may have: the checks end."""
+
+
 @dataclass(slots=True)
 class _Budget:
     """What compiling one definition's expressions may still cost."""
@@ -50,14 +55,14 @@ class _Budget:
     def take(self, value: Any, field: str, label: str) -> None:
         self.chars += expression_chars(value)
         if self.chars > MAX_DEFINITION_EXPRESSION_CHARS:
-            raise InvalidDefinition(
+            raise _OverBudget(
                 f"{label}: {field} brings the definition's expressions to {self.chars} "
                 f"characters, more than the {MAX_DEFINITION_EXPRESSION_CHARS} one flow may "
                 "have; move the work into fewer, shorter expressions or a python step",
                 field=field,
             )
         if time.monotonic() > self.deadline:
-            raise InvalidDefinition(
+            raise _OverBudget(
                 f"{label}: {field}: the definition's expressions took longer than "
                 f"{COMPILE_SECONDS:g} s to compile; make them shorter",
                 field=field,
@@ -182,34 +187,91 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
     of the flow. An ``http`` step's literal parts are checked as they will be sent: its
     method and headers, and its URL against the target guard (a URL whose host is templated
     is checked when the step runs)."""
+    problems = _Problems()
     if isinstance(definition, dict):  # before the schema, which states it in its own words
-        _check_output_names(definition.get("output"))
+        with problems.noted():
+            _check_output_names(definition.get("output"))
     errors = list(_validator.iter_errors(definition))
-    # A misspelled field is both unknown and (the field it meant) missing: name the typo.
-    unknown = [e for e in errors if e.validator == "additionalProperties"]
-    error = best_match(unknown or errors, key=_relevance)
-    if error is not None:
-        raise _schema_error(error, definition)
+    for group in _by_place(errors):
+        # A misspelled field is both unknown and (the field it meant) missing: name the typo.
+        unknown = [e for e in group if e.validator == "additionalProperties"]
+        error = best_match(unknown or group, key=_relevance)
+        if error is not None:
+            problems.add(_schema_error(error, definition))
+    problems.raise_any()  # what follows needs the schema's shape
     everything = list(_placed(definition["steps"]))
     first: dict[str, _Placed] = {}
     for placed in everything:
         sid = placed.step["id"]
         if sid in first:
-            raise InvalidDefinition(
-                f"{placed.label}: id is already used by "
-                f"{first[sid].field.removeprefix('definition.')}",
-                field=f"{placed.field}.id",
+            problems.add(
+                InvalidDefinition(
+                    f"{placed.label}: id is already used by "
+                    f"{first[sid].field.removeprefix('definition.')}",
+                    field=f"{placed.field}.id",
+                )
             )
+            continue
         first[sid] = placed
     budget = _Budget(time.monotonic() + COMPILE_SECONDS)
     for placed in everything:
-        _check_step(placed, set(first), budget, allow_private_targets=allow_private_targets)
+        with problems.noted():
+            _check_step(placed, set(first), budget, allow_private_targets=allow_private_targets)
     if "output" in definition:
-        _check_expressions(definition["output"], "definition.output", "output", set(first), budget)
+        with problems.noted():
+            _check_expressions(
+                definition["output"], "definition.output", "output", set(first), budget
+            )
     for field, value in _control_expressions(definition):
-        # read when the run is accepted: the payload is all there is
-        _check_expressions(value, f"definition.{field}", field, set(), budget)
+        with problems.noted():  # read when the run is accepted: the payload is all there is
+            _check_expressions(value, f"definition.{field}", field, set(), budget)
+    problems.raise_any()
     return definition  # type: ignore[no-any-return]
+
+
+class _Problems:
+    """The problems of one definition, each found where it lies, raised together."""
+
+    def __init__(self) -> None:
+        self.found: list[InvalidDefinition] = []
+
+    def add(self, problem: InvalidDefinition) -> None:
+        self.found.extend(problem.problems)
+
+    @contextlib.contextmanager
+    def noted(self) -> Iterator[None]:
+        """Note a check's problem and go on to the next check; a cap on the definition's
+        size or compile time ends the checks (what is left would not be looked at)."""
+        try:
+            yield
+        except _OverBudget as exc:
+            self.add(exc)
+            self.raise_any()
+        except InvalidDefinition as exc:
+            self.add(exc)
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise InvalidDefinition.of(self.found)
+
+
+def _by_place(errors: list[ValidationError]) -> list[list[ValidationError]]:
+    """Schema errors grouped by the step they lie in (the innermost), or the flow's own field:
+    one problem is told for each place."""
+    groups: dict[tuple[Any, ...], list[ValidationError]] = {}
+    for error in errors:
+        path = list(error.absolute_path)
+        place: tuple[Any, ...] = tuple(path[:1])
+        for i in range(len(path) - 1):
+            if isinstance(path[i + 1], int) and (path[i] == "steps" or _in_branches(path, i)):
+                place = tuple(path[: i + 2])
+        groups.setdefault(place, []).append(error)
+    return list(groups.values())
+
+
+def _in_branches(path: list[Any], i: int) -> bool:
+    """Whether ``path[i]`` is a branch's name (``…, "branches", <name>, <index>``)."""
+    return i >= 1 and path[i - 1] == "branches" and isinstance(path[i], str)
 
 
 def _control_expressions(definition: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -69,6 +69,28 @@ async def test_invalid_definitions_answer_400_naming_step_and_field(api: Api) ->
     assert r.status_code == 400
 
 
+async def test_every_problem_of_a_definition_is_in_one_answer(api: Api) -> None:
+    """One 400 lists every problem, each with its field (``errors``); ``error`` is the first's,
+    saying how many more there are. Nothing is saved."""
+    definition = {
+        "name": "x",
+        "steps": [
+            {"id": "a", "type": "transform", "output": {"v": "{{ 1 + }}"}},
+            {"id": "b", "type": "transform", "output": {"w": "{{ steps.nope.output }}"}},
+        ],
+    }
+    r = await api.post("/api/v1/flows", definition)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert [p["field"] for p in body["errors"]] == [
+        "definition.steps[0].output", "definition.steps[1].output",
+    ]  # fmt: skip
+    assert "steps.nope" in body["errors"][1]["message"]
+    assert body["error"] == f"{body['errors'][0]['message']} (and 1 more problem)"
+    listed = await api.get("/api/v1/flows")
+    assert [f["name"] for f in listed.json()["data"]] == []
+
+
 async def test_put_makes_a_new_version_and_old_ones_stay_readable(api: Api) -> None:
     flow_id = await api.create_flow(HELLO)
     v2 = {**HELLO, "name": "Hello v2"}

@@ -271,3 +271,54 @@ def test_a_typo_is_named_with_what_it_may_have_meant(
     assert caught.value.field == field
     assert caught.value.message.endswith(f"{field} — {says}"), caught.value.message
     assert "[" not in caught.value.message.split(" — ")[1]  # no Python list in it
+
+
+def test_every_problem_is_told_at_once_each_where_it_lies() -> None:
+    """A definition with a problem in each of three steps is refused with all three, each
+    naming its step and field; the message is the first's, and says how many more."""
+    definition = {
+        "name": "f",
+        "steps": [
+            {"id": "a", "type": "transfrom", "output": {}},
+            {"id": "b", "type": "transform", "outptu": {}},
+            {"id": "c", "type": "http"},
+        ],
+    }
+    with pytest.raises(InvalidDefinition) as caught:
+        validate_definition(definition)
+    problems = caught.value.problems
+    assert [p.field for p in problems] == [
+        "definition.steps[0].type", "definition.steps[1].outptu", "definition.steps[2].request",
+    ]  # fmt: skip
+    assert "did you mean 'transform'" in problems[0].message
+    assert "did you mean 'output'" in problems[1].message
+    assert caught.value.message == f"{problems[0].message} (and 2 more problems)"
+    assert caught.value.field == problems[0].field
+
+
+def test_every_problem_past_the_schema_is_told_at_once() -> None:
+    """Past the schema: a reused id, an expression that does not compile, a reference to a
+    step the flow does not have and a bad jump, all told together."""
+    definition = {
+        "name": "f",
+        "steps": [
+            {"id": "a", "type": "transform", "output": {"x": "{{ payload.x + }}"}},
+            {"id": "a", "type": "transform", "output": {"y": 1}},
+            {"id": "b", "type": "transform", "output": {"z": "{{ steps.nope.output }}"}},
+            {"id": "c", "type": "condition", "if": "{{ true }}", "then": "a"},
+        ],
+    }
+    with pytest.raises(InvalidDefinition) as caught:
+        validate_definition(definition)
+    fields = [p.field for p in caught.value.problems]
+    assert fields == [
+        "definition.steps[1].id", "definition.steps[0].output", "definition.steps[2].output",
+        "definition.steps[3].then",
+    ], [p.message for p in caught.value.problems]  # fmt: skip
+
+
+def test_one_problem_is_told_as_before() -> None:
+    with pytest.raises(InvalidDefinition) as caught:
+        validate_definition({"name": "f", "steps": [{"id": "a", "type": "transform"}]})
+    assert len(caught.value.problems) == 1
+    assert "more problem" not in caught.value.message
