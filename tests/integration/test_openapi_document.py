@@ -162,10 +162,13 @@ def test_the_flow_schema_is_documented_as_schema_json(document: dict[str, Any]) 
 
 
 def test_the_docs_page_shows_the_readme_examples(document: dict[str, Any]) -> None:
-    readme = (ROOT / "README.md").read_text()
+    """The examples are the request bodies the README's tour and the docs pages send with
+    ``curl -d``."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     bodies = [
         json.loads(m.replace("\n", " "))
-        for m in re.findall(r"-d '(\{.*?\})'", readme, flags=re.DOTALL)
+        for m in re.findall(r"-d '(\{.*?\})'", text, flags=re.DOTALL)
     ]
     shown = 0
     for (method, path), value in EXAMPLES.items():
@@ -173,7 +176,7 @@ def test_the_docs_page_shows_the_readme_examples(document: dict[str, Any]) -> No
         assert media["application/json"]["examples"]["readme"]["value"] == value
         if any(_same_shape(value, body) for body in bodies):
             shown += 1
-    assert shown >= 4  # execute, flow, endpoint, signal, hook: as the README writes them
+    assert shown >= 4  # execute, flow, endpoint, signal, hook: as the README and docs write them
 
 
 def _same_shape(example: Any, readme: Any) -> bool:

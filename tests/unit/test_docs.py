@@ -63,3 +63,14 @@ def test_readme_and_docs_links_resolve_inside_the_repository() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+def test_every_docs_page_opens_with_a_title_and_is_linked_from_the_readme() -> None:
+    """The README is the first page: it links every page of docs/, and each page says what it
+    is in its first heading and the paragraph after it."""
+    readme = (ROOT / "README.md").read_text()
+    linked = {target.partition("#")[0] for target in _LINK.findall(readme)}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        lines = page.read_text().splitlines()
+        assert lines[0].startswith("# ") and lines[1] == "" and lines[2], page.name
+        assert f"docs/{page.name}" in linked, page.name
