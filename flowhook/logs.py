@@ -58,9 +58,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = datetime.fromtimestamp(record.created, UTC).astimezone().strftime("%H:%M:%S.%f")[:-3]
         name = _SHORT.get(record.name) or record.name.removeprefix("flowhook.")
-        line = (
-            f"{when} {record.levelname.lower():<7} {name:<10} {record.getMessage()}"
-        )
+        line = f"{when} {record.levelname.lower():<7} {name:<10} {record.getMessage()}"
         ids = [
             f"{label}={value}"
             for label, key in (("run", "run_id"), ("flow", "flow_id"), ("request", "request_id"))
