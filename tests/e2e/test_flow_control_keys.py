@@ -22,9 +22,10 @@ pytestmark = pytest.mark.e2e
 
 NOISY = 40
 SLOW_KEY = "{{ (range(20000) | sum) ~ payload.k }}"
-"""A concurrency key that runs in the expression thread for about 12 ms (well within its
-0.25 s budget on a loaded machine): forty of them, one after another, take half a second and
-more, while the quiet execute, its connection already open, is sent with them."""
+"""A concurrency key that runs in the expression thread for about 12 ms on an idle machine
+(CI once saw one pass its 0.25 s budget, so a refusal for that is taken as an answer too):
+forty of them, one after another, take half a second and more, while the quiet execute, its
+connection already open, is sent with them."""
 
 
 def test_slow_keys_keep_only_their_own_executes_waiting(tmp_path: Path, database_url: str) -> None:
@@ -47,11 +48,14 @@ def test_slow_keys_keep_only_their_own_executes_waiting(tmp_path: Path, database
             r = client.post("/api/v1/flows", json={"name": "plain", "steps": steps}, headers=quiet)
             quiet_flow = r.json()["flow_id"]
             for flow_id, auth in ((noisy_flow, noisy), (quiet_flow, quiet)):  # warm both up
-                r = client.post(
-                    "/api/v1/flows/execute",
-                    json={"flow_id": flow_id, "payload": {"k": "w"}},
-                    headers=auth,
-                )
+                for _ in range(5):  # a loaded machine may take a key past its budget
+                    r = client.post(
+                        "/api/v1/flows/execute",
+                        json={"flow_id": flow_id, "payload": {"k": "w"}},
+                        headers=auth,
+                    )
+                    if not _out_of_budget(r):
+                        break
                 assert r.status_code == 202, r.text
 
             answered: list[tuple[str, float]] = []
@@ -64,7 +68,10 @@ def test_slow_keys_keep_only_their_own_executes_waiting(tmp_path: Path, database
                     r = c.post(
                         "/api/v1/flows/execute", json={"flow_id": flow_id, "payload": {"k": who}}
                     )
-                    assert r.status_code == 202, r.text
+                    # A noisy key may run out of its budget on a loaded machine (CI's 2 cores
+                    # under 4 test workers): refused after its 0.25 s, it was still answered
+                    # in its turn, which is what the order below is about.
+                    assert r.status_code == 202 or (who != "quiet" and _out_of_budget(r)), r.text
                     answered.append((who, time.monotonic()))
 
             with ThreadPoolExecutor(NOISY + 1) as pool:
@@ -76,3 +83,8 @@ def test_slow_keys_keep_only_their_own_executes_waiting(tmp_path: Path, database
         # the quiet tenant's execute is answered while most of the noisy tenant's still wait
         # for their keys (read one after another in the expression thread)
         assert order.index("quiet") < NOISY // 2, order
+
+
+def _out_of_budget(r: httpx.Response) -> bool:
+    """A 400 for a key that took longer than its budget (the only refusal a key here may get)."""
+    return r.status_code == 400 and "took longer than" in r.json().get("error", "")
