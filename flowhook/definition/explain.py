@@ -13,15 +13,17 @@ identity, bounded, paid only by a failure)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from jinja2 import StrictUndefined, Undefined
 from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.utils import missing
 
-__all__ = ["Missing", "PlainUndefined", "explain", "kind"]
+__all__ = ["Missing", "PlainUndefined", "explain", "kind", "show_reads"]
 
 SEARCHED = 5000
 """At most this many values are looked at to find a missing field's owner by its path."""
@@ -147,3 +149,43 @@ def _path_of(target: Any, ctx: dict[str, Any]) -> str | None:
         elif isinstance(value, list | tuple):
             queue.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
     return None
+
+
+SHOWN_READS = 3
+"""At most this many values are shown of what a failed condition read."""
+SHOWN_CHARS = 60
+"""A value shown longer than this is cut (with …)."""
+
+
+def show_reads(paths: Sequence[tuple[str | int, ...]], ctx: dict[str, Any]) -> str:
+    """What an expression read, for its failure's message: ``payload.amount was -3,
+    payload.currency was "EUR"`` (JSON values, cut short; a read of nothing says so); the
+    paths whose first name is not in ``ctx`` (a loop's own variable) are left out."""
+    shown: list[str] = []
+    for path in paths:
+        if path[0] not in ctx:
+            continue
+        value: Any = ctx[path[0]]
+        name = str(path[0])
+        for key in path[1:]:
+            name += f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
+            if _has(value, key):
+                value = value[key]
+            else:
+                value = missing
+                break
+        if value is missing:
+            shown.append(f"{name} is missing")
+        elif not isinstance(value, dict):  # a whole object says little; its fields are read
+            text = json.dumps(value, ensure_ascii=False, default=str)
+            cut = text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+            shown.append(f"{name} was {cut}")
+        if len(shown) == SHOWN_READS:
+            break
+    return ", ".join(shown)
+
+
+def _has(value: Any, key: str | int) -> bool:
+    if isinstance(value, dict):
+        return key in value
+    return isinstance(value, list) and isinstance(key, int) and -len(value) <= key < len(value)

@@ -55,6 +55,7 @@ __all__ = [
     "compile_value",
     "evaluate",
     "expression_chars",
+    "read_paths",
     "referenced_steps",
 ]
 
@@ -313,6 +314,46 @@ def referenced_steps(value: Any) -> set[str]:
             if named and isinstance(key, nodes.Const) and isinstance(key.value, str):
                 found.add(key.value)
     return found
+
+
+Path = tuple[str | int, ...]
+"""A value's place in an expression's context: ``("payload", "items", 0, "sku")``."""
+
+
+def read_paths(source: str) -> tuple[Path, ...]:
+    """The values an expression reads by a literal path (``payload.amount``,
+    ``steps.price.output['total']``, ``payload.items[0]``), outermost reads only, in the
+    order written, each once: what a condition's failure shows it read. Call on a string
+    that compiles."""
+    if "{{" not in source and "{%" not in source:
+        return ()
+    found: list[Path] = []
+
+    def walk(node: nodes.Node) -> None:
+        path = _as_path(node)
+        if path is not None:
+            if path not in found:
+                found.append(path)
+            return
+        for child in node.iter_child_nodes():
+            walk(child)
+
+    walk(SANDBOX.parse(source))
+    return tuple(found)
+
+
+def _as_path(node: nodes.Node) -> Path | None:
+    if isinstance(node, nodes.Name):
+        return (node.name,) if node.ctx == "load" else None
+    if isinstance(node, nodes.Getattr):
+        base = _as_path(node.node)
+        return None if base is None else (*base, node.attr)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+        key = node.arg.value
+        base = _as_path(node.node)
+        ok = isinstance(key, str | int) and not isinstance(key, bool)
+        return None if base is None or not ok else (*base, key)
+    return None
 
 
 def check_size(value: Any) -> None:

@@ -92,6 +92,7 @@ async def test_failed_condition_fails_the_run_naming_the_step(api: Api) -> None:
     assert run["status"] == "failed"
     assert run["error"]["step"] == "check"
     assert run["error"]["type"] == "condition"
+    assert run["error"]["message"] == "condition 'check' was false: payload.amount was 0"
     events = (await api.get(f"/api/v1/flows/runs/{run['run_id']}/events")).json()["data"]
     assert [e["event"] for e in events][-1] == "flow.failed"
     assert events[-1]["body"]["payload"]["error"]["step"] == "check"

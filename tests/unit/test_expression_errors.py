@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from flowhook.definition.expressions import ExpressionError, compile_value
+from flowhook.definition.explain import show_reads
+from flowhook.definition.expressions import ExpressionError, compile_value, read_paths
 
 CTX = {
     "payload": {"total": "5", "items": [{"sku": "a"}], "customer": {}, "n": None},
@@ -46,3 +47,27 @@ def test_a_fix_is_suggested_where_it_is_clear() -> None:
     with pytest.raises(ExpressionError, match=r"payload\.x \| int"):
         compile_value("{{ payload.total >= 3 }}")(CTX)
     assert compile_value("{{ payload.total | int >= 3 }}")(CTX) is True
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("{{ payload.total | int > 9 }}", 'payload.total was "5"'),
+        ("{{ payload.items[0].sku == 'b' and steps.price.output['amount'] > 5 }}",
+         'payload.items[0].sku was "a", steps.price.output.amount was 3'),
+        ("{{ payload.nope or payload.n }}", "payload.nope is missing, payload.n was null"),
+        ("{{ payload.customer }}", ""),  # an object says little: its fields are what is read
+        ("{{ payload.items | selectattr('sku') | list | length > 1 }}",
+         'payload.items was [{"sku": "a"}]'),
+        ("{% for i in payload.items %}{{ i.sku }}{% endfor %}", 'payload.items was [{"sku": "a"}]'),
+        ("{{ payload.total ~ payload.total ~ payload.n ~ steps.price.output.amount }}",
+         'payload.total was "5", payload.n was null, steps.price.output.amount was 3'),
+    ],
+)  # fmt: skip
+def test_a_condition_shows_what_it_read(source: str, said: str) -> None:
+    assert show_reads(read_paths(source), CTX) == said
+
+
+def test_a_long_value_is_cut_short() -> None:
+    shown = show_reads([("payload", "note")], {"payload": {"note": "x" * 500}})
+    assert shown.startswith('payload.note was "xxx') and shown.endswith("…") and len(shown) < 90

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from flowhook.definition import ACTIONS, ExpressionError, compile_value, evaluate
+from flowhook.definition.explain import show_reads
+from flowhook.definition.expressions import read_paths
 from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
 
 __all__ = ["ConditionStep"]
@@ -18,6 +20,7 @@ class ConditionStep(StepBase, kind="condition", pure=True, external=False):
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
         self._if = compile_value(spec["if"])
+        self._reads = read_paths(spec["if"]) if isinstance(spec["if"], str) else ()
         self._then: str = spec.get("then", "continue")
         self._else: str = spec.get("else", "continue")
 
@@ -29,10 +32,11 @@ class ConditionStep(StepBase, kind="condition", pure=True, external=False):
         branch = self._then if result else self._else
         output = {"result": result}
         if branch == "fail":
+            said = f"condition {self.id!r} was {'true' if result else 'false'}"
+            if reads := show_reads(self._reads, ctx):
+                said += f": {reads}"
             return Outcome(
-                output=output,
-                error={"type": "condition", "message": f"condition {self.id!r} was {result}"},
-                action="fail",
+                output=output, error={"type": "condition", "message": said}, action="fail"
             )
         if branch in ACTIONS:
             return Outcome(output=output, action=branch)
