@@ -213,6 +213,9 @@ class Server:
 
     def environment(self) -> dict[str, str]:
         return {
+            # far above any backlog a run makes: counted as ever, never reached (set it in the
+            # environment to measure another cap, or 0 for none)
+            "FLOWHOOK_MAX_ACTIVE_RUNS_PER_WORKSPACE": "100000000",
             **os.environ,
             **({"FLOWHOOK_SECRET_KEY": key} if (key := secret_key_for(self.database_url)) else {}),
             "FLOWHOOK_DATABASE_URL": self.database_url,
@@ -220,8 +223,6 @@ class Server:
             "FLOWHOOK_HOST": "127.0.0.1",
             "FLOWHOOK_LOG_LEVEL": "warning",
             "FLOWHOOK_RATE_LIMIT": "0",  # the per-key limit (1,000/s) would cap the load
-            # far above any backlog a run makes: counted as ever, never reached
-            "FLOWHOOK_MAX_ACTIVE_RUNS_PER_WORKSPACE": "100000000",
             "FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true",  # the receiver is on 127.0.0.1
             **self.env,
         }
