@@ -108,7 +108,7 @@ async def _run_with_raising_step(
     left: list[RunStatus | None] = []
     for _ in range(3):
         executor = Executor(db, clock, "w")
-        executor._flows[(flow.flow_id, flow.version)] = compiled  # the step that raises
+        executor.flows.put(flow.flow_id, flow.version, compiled)  # the step that raises
         now = clock.now()
         async with db.transaction() as conn:
             claimed = await runs_store.claim_runs(

@@ -7,8 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from flowhook.engine.executor import _Attempt, _ended_event, _next_attempt
+from flowhook.engine.durable import Attempt as _Attempt
+from flowhook.engine.durable import next_attempt as _next_attempt
 from flowhook.engine.steps import Outcome, build_step
+from flowhook.engine.writer import ended_event as _ended_event
 from flowhook.events import cancelled_event, elapsed_ms, run_duration_ms, run_event
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flowhook.engine.steps.approval import ApprovalStep
@@ -18,7 +19,7 @@ from flowhook.engine.steps.wait import WaitStep
 
 __all__ = ["Context", "Outcome", "Step", "StepEnv", "build_step"]
 
-_TYPES: dict[str, Any] = {
+_TYPES: dict[str, Callable[[dict[str, Any]], Step]] = {
     "transform": TransformStep,
     "condition": ConditionStep,
     "fail": FailStep,
@@ -40,5 +41,4 @@ def build_step(spec: dict[str, Any]) -> Step:
         return ParallelStep(spec, branches)
     if spec["type"] == "map":
         return MapStep(spec, [build_step(s) for s in spec["steps"]])
-    step: Step = _TYPES[spec["type"]](spec)
-    return step
+    return _TYPES[spec["type"]](spec)

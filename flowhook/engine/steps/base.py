@@ -4,33 +4,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Protocol
 
 import aiohttp
 
 from flowhook.clock import Clock
 
-__all__ = ["Step", "StepBase", "Outcome", "Context", "StepEnv", "error"]
+__all__ = ["Action", "Step", "StepBase", "Outcome", "Context", "StepEnv", "Lists", "error"]
 
 Context = dict[str, Any]
 """What expressions see: ``payload``, ``steps`` (id → output and status) and ``run``."""
 
 
+class Action(StrEnum):
+    """Where a run goes after a step's attempt."""
+
+    CONTINUE = "continue"
+    """On to the next step."""
+    END = "end"
+    """The run ends now, completed (a ``condition``'s ``then: end``)."""
+    FAIL = "fail"
+    """The run fails with the outcome's error."""
+    GOTO = "goto"
+    """On to the later step ``target``; the steps between are skipped."""
+    SUSPEND = "suspend"
+    """The run sleeps in the step, holding no worker: the step is
+    :class:`~flowhook.engine.durable.Suspending`, its durable half takes over."""
+
+
 @dataclass(slots=True)
 class Outcome:
-    """A finished step. ``error`` set means the step failed; ``action`` says where to go next:
-    ``continue``, ``end``, ``fail``, ``goto`` (with ``target``) or ``wait`` (until
-    ``wait_until``, releasing the worker)."""
+    """A finished step attempt. ``error`` set means the step failed; ``action`` says where the
+    run goes next (:class:`Action`: with ``target`` for ``goto``; with ``wait_until``, when
+    the wait ends at the latest, for ``suspend``)."""
 
     output: Any = None
     error: dict[str, Any] | None = None
-    action: str = "continue"
+    action: Action = Action.CONTINUE
     target: str | None = None
     wait_until: datetime | None = None
 
 
 def error(type_: str, message: str, **extra: Any) -> Outcome:
-    return Outcome(error={"type": type_, "message": message, **extra}, action="fail")
+    return Outcome(error={"type": type_, "message": message, **extra}, action=Action.FAIL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +72,10 @@ class StepEnv:
     """Attributes a step adds to its span; a dict only while spans are exported."""
 
 
+Lists = dict[tuple[str, str | None], list["Step"]]
+"""Step lists nested in a step, by (step id, branch name; ``None`` for a map's)."""
+
+
 class Step(Protocol):
     id: str
     type: str
@@ -68,6 +89,10 @@ class Step(Protocol):
     retry: dict[str, Any] | None
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome: ...
+
+    def nested(self) -> Lists:
+        """The step lists nested in this one (a ``parallel``'s branches, a ``map``'s steps)."""
+        ...
 
 
 class StepBase:
@@ -92,3 +117,6 @@ class StepBase:
         self.id: str = spec["id"]
         self.timeout: float | None = spec.get("timeout_seconds") if self.limited else None
         self.retry: dict[str, Any] | None = spec.get("retry") if self.limited else None
+
+    def nested(self) -> Lists:
+        return {}

@@ -11,7 +11,7 @@ from typing import Any
 from flowhook.definition import ACTIONS, ExpressionError, compile_value, evaluate
 from flowhook.definition.explain import show_reads
 from flowhook.definition.expressions import read_paths
-from flowhook.engine.steps.base import Context, Outcome, StepBase, StepEnv, error
+from flowhook.engine.steps.base import Action, Context, Outcome, StepBase, StepEnv, error
 
 __all__ = ["ConditionStep"]
 
@@ -36,8 +36,8 @@ class ConditionStep(StepBase, kind="condition", pure=True, external=False):
             if reads := show_reads(self._reads, ctx):
                 said += f": {reads}"
             return Outcome(
-                output=output, error={"type": "condition", "message": said}, action="fail"
+                output=output, error={"type": "condition", "message": said}, action=Action.FAIL
             )
         if branch in ACTIONS:
-            return Outcome(output=output, action=branch)
-        return Outcome(output=output, action="goto", target=branch)
+            return Outcome(output=output, action=Action(branch))
+        return Outcome(output=output, action=Action.GOTO, target=branch)

@@ -20,7 +20,7 @@ import orjson
 from flowhook import tracing
 from flowhook.definition import ExpressionError, compile_value, evaluate
 from flowhook.definition.requests import request_problem
-from flowhook.engine.steps.base import Context, Outcome, StepEnv, error
+from flowhook.engine.steps.base import Action, Context, Outcome, StepBase, StepEnv, error
 from flowhook.outbound import classify
 from flowhook.targets import TargetRefused, check_url
 
@@ -40,15 +40,10 @@ def idempotency_key(env: StepEnv, step_id: str) -> str:
     return f"{env.run_id}:{step_id}"
 
 
-class HttpStep:
-    type = "http"
-    pure = False
-    external = True
-
+class HttpStep(StepBase, kind="http", pure=False, external=True):
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.id: str = spec["id"]
-        self.timeout: float | None = spec.get("timeout_seconds", DEFAULT_TIMEOUT)
-        self.retry: dict[str, Any] | None = spec.get("retry")
+        super().__init__(spec)
+        self.timeout = spec.get("timeout_seconds", DEFAULT_TIMEOUT)
         self._request = compile_value(spec["request"])
         self._accept = set(spec.get("accept_status", []))
 
@@ -118,5 +113,5 @@ class HttpStep:
                 "message": f"{method} {url} answered {status}",
                 "status_code": status,
             },
-            action="fail",
+            action=Action.FAIL,
         )
