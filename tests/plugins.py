@@ -18,6 +18,12 @@ def double(ctx: flowhook.StepContext) -> dict[str, Any]:
     return {"value": ctx.input["n"] * 2, "order": ctx.payload.get("order_id")}
 
 
+@flowhook.step("answer")
+def answer(ctx: flowhook.StepContext) -> int:
+    """A bare number: SQLite keeps the JSON text 42 as the number 42 (numeric affinity)."""
+    return 42
+
+
 @flowhook.step("flaky")
 async def flaky(ctx: flowhook.StepContext) -> dict[str, Any]:
     CALLS[ctx.run_id] = CALLS.get(ctx.run_id, 0) + 1

@@ -25,6 +25,7 @@ from flowhook.api.routes import (
     signals,
     streams,
     system,
+    tasks,
     webhooks,
 )
 from flowhook.clock import Clock, SystemClock
@@ -123,6 +124,7 @@ def create_app(
     app.include_router(schedules.router, prefix="/api/v1")
     app.include_router(signals.router, prefix="/api/v1")
     app.include_router(approvals.router, prefix="/api/v1")
+    app.include_router(tasks.router, prefix="/api/v1")
     app.include_router(web_approvals.router)
     app.include_router(web_routes.router)
     app.include_router(web_overview.router)

@@ -20,6 +20,7 @@ from flowhook.client._errors import (
     WaitTimeout,
 )
 from flowhook.client._stream import TERMINAL_EVENTS, StreamEvent
+from flowhook.client._worker import NonRetryableError, TaskContext, Worker
 from flowhook.client.signatures import verify_signature, verify_webhook
 
 __all__ = [
@@ -39,4 +40,7 @@ __all__ = [
     "StreamError",
     "verify_signature",
     "verify_webhook",
+    "Worker",
+    "TaskContext",
+    "NonRetryableError",
 ]

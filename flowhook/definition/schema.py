@@ -169,6 +169,31 @@ _STEPS: dict[str, tuple[list[str], dict[str, Any]]] = {
             },
         },
     ),
+    "task": (
+        ["task"],
+        {
+            "task": {
+                "type": "string",
+                "pattern": "^[A-Za-z0-9_.:-]{1,200}$",
+                "description": "The name of the task, as a worker registers its function "
+                "(e.g. payments.charge): a worker of the same workspace and mode runs it.",
+            },
+            "input": {"description": "What the worker's function is given (templated)."},
+            "timeout_seconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 86400,
+                "description": "How long one attempt may take (error type timeout).",
+            },
+            "heartbeat_seconds": {
+                "type": "number",
+                "minimum": 1,
+                "maximum": 3600,
+                "description": "An attempt neither heartbeated nor finished within this is "
+                "taken back and offered again as the next attempt (default 30).",
+            },
+        },
+    ),
 }
 
 STEP_TYPES = tuple(_STEPS)

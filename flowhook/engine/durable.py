@@ -21,7 +21,7 @@ import orjson
 from flowhook.definition.sandbox import weight
 from flowhook.engine.steps.base import Action
 from flowhook.events import elapsed_ms
-from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
+from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.types import json_has_nul
 
 if TYPE_CHECKING:
@@ -144,6 +144,9 @@ class Cursor(Protocol):
 
     async def failed(self, attempt: Attempt, type_: str, message: str) -> RunStatus | None:
         """The attempt fails its step with ``type_`` and ``message``."""
+
+    def step_event(self, step: RunStep, *, will_retry: bool) -> Event:
+        """The ``flow.step_completed`` or ``flow.step_failed`` of a step record."""
 
     def check_output(self, outcome: Outcome) -> None:
         """Fail ``outcome`` whose output cannot be stored (not JSON, too large)."""

@@ -35,7 +35,7 @@ from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
 from flowhook.store import bulk, sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.tables import metadata
-from flowhook.store.wakeup import Wakeup
+from flowhook.store.wakeup import Broadcast, Wakeup
 
 __all__ = ["Database", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
 
@@ -142,6 +142,15 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _json_loads(value: Any) -> Any:
+    """A JSON column's value. SQLite gives a column declared ``JSON`` numeric affinity, so it
+    keeps the JSON text of a bare number (a task's or a ``python`` step's output ``42``) as
+    that number, and reads it back as one: it is the value already."""
+    if isinstance(value, int | float):
+        return value
+    return orjson.loads(value)
+
+
 class Database:
     def __init__(
         self,
@@ -157,12 +166,14 @@ class Database:
         """Seals and opens stored secrets; each connection carries it (``crypto.cipher``)."""
         self.async_url = async_database_url(url)
         self.is_sqlite = self.async_url.startswith("sqlite")
-        self.wakeups: dict[str, Wakeup] = {"runs": Wakeup(), "deliveries": Wakeup()}
+        self.wakeups: dict[str, Wakeup] = {
+            "runs": Wakeup(), "deliveries": Wakeup(), "tasks": Broadcast(),
+        }  # fmt: skip
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         self.on_events: Callable[[str], None] | None = None
         """Called after a commit that wrote events, with the lowest event id it wrote (the
         event streams' hub sets it; ``None``, nothing is called)."""
-        common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+        common: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": _json_loads}
         if self.is_sqlite:
             # The inline driver's dialect; the URL's own options (``?uri=true&mode=ro``,
             # ``?timeout=5``) still reach sqlite3 as the aiosqlite dialect reads them.

@@ -45,6 +45,8 @@ __all__ = [
     "signals",
     "waits",
     "approvals",
+    "tasks",
+    "workers",
     "retention_marks",
 ]
 
@@ -534,6 +536,76 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("comment", Text),
     _at("decided_at", required=False),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    # One row per ``task`` step a run has reached: the work a worker in the team's own code
+    # claims, heartbeats and finishes (flowhook.store.tasks; docs/workers.md).
+    _id("task_id"),
+    *_scope(),
+    Column("task", String(200), nullable=False),
+    # The run row that holds the step (a part's own id inside a branch or item), the step's
+    # index there, and the run people see (the same, or the part's top-level run).
+    _ref("run_id"),
+    Column("idx", Integer, nullable=False),
+    _ref("root_run_id"),
+    _ref("flow_id"),
+    Column("step_id", String(64), nullable=False),
+    Column("input", OptionalJSON),
+    # queued (claimable from available_at), running (held by worker_id until
+    # lease_expires_at), completed, failed (the attempt's error; the engine decides on a retry)
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    # attempts whose worker stopped heartbeating (taken back and offered again)
+    Column("interrupted", OptionalJSON),
+    _at("available_at"),
+    Column("worker_id", String(200)),
+    _at("lease_expires_at", required=False),
+    _at("attempt_deadline", required=False),
+    Column("heartbeat_seconds", Float, nullable=False),
+    Column("timeout_seconds", Float),
+    Column("retryable", Boolean, nullable=False, server_default=false()),
+    Column("output", OptionalJSON),
+    Column("error", OptionalJSON),
+    Column("traceparent", String(55)),
+    _at("created_at"),
+    _at("claimed_at", required=False),
+    _at("finished_at", required=False),
+    UniqueConstraint("run_id", "idx"),
+    # what a claim reads: each name's claimable tasks, oldest first
+    Index(
+        "ix_tasks_ready",
+        "workspace_id",
+        "mode",
+        "task",
+        "available_at",
+        postgresql_where=text("status = 'queued'"),
+        sqlite_where=text("status = 'queued'"),
+    ),
+    # leases that run out: their tasks are offered again
+    Index(
+        "ix_tasks_leased",
+        "workspace_id",
+        "mode",
+        "lease_expires_at",
+        postgresql_where=text("status = 'running'"),
+        sqlite_where=text("status = 'running'"),
+    ),
+    Index(None, "root_run_id"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    # The workers seen lately (each claim says who it is and which tasks it runs).
+    Column("worker_id", String(200), primary_key=True),
+    Column("workspace_id", IdType(), primary_key=True),
+    Column("mode", String(8), primary_key=True),
+    Column("tasks", JSONType, nullable=False),
+    _at("last_seen_at"),
+    Index(None, "workspace_id", "mode", "last_seen_at"),
 )
 
 retention_marks = Table(

@@ -13,7 +13,7 @@ import asyncpg
 
 from flowhook.backoff import backoff
 
-__all__ = ["Wakeup", "PgListener"]
+__all__ = ["Wakeup", "Broadcast", "PgListener"]
 
 log = logging.getLogger("flowhook.store")
 
@@ -40,6 +40,24 @@ class Wakeup:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout)
         return self._event.is_set()
+
+
+class Broadcast(Wakeup):
+    """A :class:`Wakeup` that many waiters share without clearing it for one another: each
+    takes :meth:`waiter` before it looks for work, and that waiter is set by the next
+    notify, however many others woke (the long polls of ``POST /tasks/claim``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = asyncio.Event()
+
+    def notify(self) -> None:
+        self._next.set()
+        self._next = asyncio.Event()
+        super().notify()
+
+    def waiter(self) -> asyncio.Event:
+        return self._next
 
 
 class PgListener:

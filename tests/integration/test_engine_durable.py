@@ -261,6 +261,10 @@ async def test_python_steps_call_registered_functions_only(api: Api) -> None:
         await start(api, flow({"id": "x", "type": "python", "function": "not_json"}))
     )
     assert (bad["status"], bad["error"]["type"]) == ("failed", "output")
+    number = await api.wait(
+        await start(api, flow({"id": "n", "type": "python", "function": "answer"}))
+    )  # a bare number as a step's output reads back (it failed every read on SQLite)
+    assert number["status"] == "completed" and number["steps"][0]["output"] == 42, number
 
 
 async def _setup(services: Services, definition: dict[str, Any], clock: FakeClock) -> str:

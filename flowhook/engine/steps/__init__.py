@@ -14,6 +14,7 @@ from flowhook.engine.steps.fail import FailStep
 from flowhook.engine.steps.fan import MapStep, ParallelStep
 from flowhook.engine.steps.http import HttpStep
 from flowhook.engine.steps.python import PythonStep
+from flowhook.engine.steps.task import TaskStep
 from flowhook.engine.steps.transform import TransformStep
 from flowhook.engine.steps.wait import WaitStep
 
@@ -29,6 +30,7 @@ _TYPES: dict[str, Callable[[dict[str, Any]], Step]] = {
     "wait": WaitStep,
     "approval": ApprovalStep,
     "flow": CallStep,
+    "task": TaskStep,
 }
 
 

@@ -1,0 +1,257 @@
+"""The worker protocol: workers in the team's own code claim the tasks of ``task`` steps (a
+long poll), heartbeat them, and complete or fail them (docs/workers.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from flowhook.clock import Clock
+from flowhook.errors import Conflict, InvalidInput
+from flowhook.ids import is_id
+from flowhook.service.auth import Principal
+from flowhook.service.jsonvalues import encode_json
+from flowhook.service.lookup import missing
+from flowhook.store import tasks as tasks_store
+from flowhook.store.db import Database
+from flowhook.store.tasks import QueueDepth, Task, WorkerSeen
+from flowhook.store.wakeup import Broadcast, Wakeup
+
+__all__ = ["TaskService", "Ended", "MAX_CLAIM", "MAX_WAIT", "TASK_NAME", "WORKERS_SEEN"]
+
+MAX_CLAIM = 100
+MAX_WAIT = 60.0
+TASK_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+WORKER_ID = re.compile(r"[\x21-\x7e]{1,200}")
+"""A worker's id: 1–200 printable ASCII characters, no spaces."""
+WORKERS_SEEN = timedelta(seconds=60)
+"""``GET /workers`` lists the workers seen within this."""
+_SEEN_EVERY = 5.0
+"""A worker's ``last_seen_at`` is written at most this often (seconds) by each process."""
+_RECHECK = 1.0
+"""A waiting claim looks again at least this often: a task queued again after a retry's
+backoff is ready by the clock, which wakes nobody."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The answer to a complete or fail: the same again for the same call."""
+
+    task_id: str
+    status: str
+    attempt: int
+
+    def body(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "status": self.status, "attempt": self.attempt}
+
+
+class TaskService:
+    def __init__(self, db: Database, clock: Clock, runs: Wakeup, *, max_output_bytes: int) -> None:
+        self._db = db
+        self._clock = clock
+        self._runs = runs
+        ready = db.wakeups.get("tasks")
+        self._ready = ready if isinstance(ready, Broadcast) else Broadcast()
+        self._max_output = max_output_bytes
+        self._seen: dict[tuple[str, str, str], float] = {}
+
+    # -- claim ---------------------------------------------------------------------------
+
+    async def claim(
+        self, who: Principal, worker_id: str, names: list[str], limit: int, wait: float
+    ) -> list[Task]:
+        """Up to ``limit`` tasks of ``names`` for ``worker_id``: as soon as one is ready
+        (made ready by any process), else none once ``wait`` seconds have passed."""
+        _check_claim(worker_id, names, limit, wait)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            woken = self._ready.waiter()  # before the look: a task queued after it wakes us
+            found = await self._claim_once(who, worker_id, names, limit)
+            left = deadline - loop.time()
+            if found or left <= 0:
+                return found
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(left, _RECHECK))
+
+    async def _claim_once(
+        self, who: Principal, worker_id: str, names: list[str], limit: int
+    ) -> list[Task]:
+        now = self._clock.now()
+        seen = self._due_seen(who, worker_id)
+        async with self._db.transaction() as conn:
+            found = await tasks_store.claim(
+                conn, who.workspace_id, who.mode, names, worker_id, limit, now
+            )
+            if seen:
+                await tasks_store.worker_seen(
+                    conn, who.workspace_id, who.mode, worker_id, names, now
+                )
+        return found
+
+    def _due_seen(self, who: Principal, worker_id: str) -> bool:
+        """Whether this process should write that ``worker_id`` was seen (at most every few
+        seconds)."""
+        key = (who.workspace_id, str(who.mode), worker_id)
+        now = time.monotonic()
+        if self._seen.get(key, 0.0) > now:
+            return False
+        if len(self._seen) > 10_000:
+            self._seen.clear()
+        self._seen[key] = now + _SEEN_EVERY
+        return True
+
+    # -- heartbeat, complete, fail -------------------------------------------------------
+
+    async def heartbeat(self, who: Principal, task_id: str, attempt: int) -> tuple[datetime, bool]:
+        """Push the attempt's lease on: when it ends now, and whether the run was
+        cancelled (the worker should stop)."""
+        _check_id(task_id)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            task = await tasks_store.get(conn, who.workspace_id, who.mode, task_id)
+            if task is None:
+                raise missing("task", task_id)
+            if task.status != "running" or task.attempt != attempt:
+                raise _no_longer(task_id, attempt, task)
+            cancelled = await tasks_store.heartbeat(conn, task, now)
+            if task.worker_id is not None and self._due_seen(who, task.worker_id):
+                # a worker busy with long tasks claims nothing meanwhile: it is still seen
+                await tasks_store.touch_worker(
+                    conn, who.workspace_id, who.mode, task.worker_id, now
+                )
+        assert task.lease_expires_at is not None
+        return task.lease_expires_at, cancelled
+
+    async def complete(self, who: Principal, task_id: str, attempt: int, output: Any) -> Ended:
+        """The attempt's output becomes the step's (the run wakes); the same call again gets
+        the same answer."""
+        _check_id(task_id)
+        problem = self._output_problem(output)
+        if problem is not None:  # the attempt fails; the worker is told why
+            await self._end(who, task_id, attempt, None,
+                            {"type": "output", "message": problem}, True)  # fmt: skip
+            raise InvalidInput(problem, field="output")
+        return await self._end(who, task_id, attempt, output, None, False)
+
+    async def fail(
+        self, who: Principal, task_id: str, attempt: int, error: dict[str, Any], retryable: bool
+    ) -> Ended:
+        """The attempt failed; the step's ``retry`` decides whether another follows, unless
+        ``retryable`` is false."""
+        _check_id(task_id)
+        _check_error(error)
+        return await self._end(who, task_id, attempt, None, error, retryable)
+
+    async def _end(
+        self,
+        who: Principal,
+        task_id: str,
+        attempt: int,
+        output: Any,
+        error: dict[str, Any] | None,
+        retryable: bool,
+    ) -> Ended:
+        now = self._clock.now()
+        status = "failed" if error is not None else "completed"
+        async with self._db.transaction() as conn:
+            task = await tasks_store.get(conn, who.workspace_id, who.mode, task_id)
+            if task is None:
+                raise missing("task", task_id)
+            if task.attempt == attempt and _same_end(task, status, output, error):
+                return Ended(task_id, status, attempt)  # the same call again
+            if task.status != "running" or task.attempt != attempt:
+                raise _no_longer(task_id, attempt, task)
+            if not await tasks_store.finish(
+                conn, task, now, output=output, error=error, retryable=retryable
+            ):
+                raise Conflict(
+                    f"the run of task {task_id!r} was cancelled or has ended; "
+                    "the attempt's result is not recorded"
+                )
+        self._runs.notify()
+        return Ended(task_id, status, attempt)
+
+    def _output_problem(self, output: Any) -> str | None:
+        try:
+            encoded = encode_json(output, "output")
+        except InvalidInput as exc:
+            return str(exc)
+        size = len(orjson.dumps(encoded))
+        if size > self._max_output:
+            return (
+                f"output is {size} bytes, more than {self._max_output} "
+                "(FLOWHOOK_MAX_STEP_OUTPUT_BYTES)"
+            )
+        return None
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def workers(self, who: Principal) -> list[WorkerSeen]:
+        since = self._clock.now() - WORKERS_SEEN
+        async with self._db.read() as conn:
+            return await tasks_store.workers_seen(conn, who.workspace_id, who.mode, since)
+
+    async def queues(self, who: Principal) -> list[QueueDepth]:
+        async with self._db.read() as conn:
+            return await tasks_store.queues(conn, who.workspace_id, who.mode)
+
+
+def _same_end(task: Task, status: str, output: Any, error: dict[str, Any] | None) -> bool:
+    """Whether the task already ended as this call would end it (a retried call)."""
+    if status == "completed":
+        return task.status == "completed" and task.output == output
+    return task.status == "failed" and task.error == error
+
+
+def _no_longer(task_id: str, attempt: int, task: Task) -> Conflict:
+    if task.attempt == attempt and task.status in ("completed", "failed"):
+        why = f"it {task.status} already, with another result"
+    else:
+        why = f"it is {task.status}, at attempt {task.attempt}"
+    return Conflict(f"attempt {attempt} no longer holds task {task_id!r}: {why}")
+
+
+def _check_id(task_id: str) -> None:
+    if not is_id(task_id, "tsk"):
+        raise missing("task", task_id)
+
+
+def _check_claim(worker_id: str, names: list[str], limit: int, wait: float) -> None:
+    if not WORKER_ID.fullmatch(worker_id):
+        raise InvalidInput(
+            "worker_id must be 1 to 200 printable characters, without spaces", field="worker_id"
+        )
+    if not names or len(names) > 100:
+        raise InvalidInput("tasks must name 1 to 100 task names", field="tasks")
+    for name in names:
+        if not TASK_NAME.fullmatch(name):
+            raise InvalidInput(
+                f"tasks holds {name!r}, which is not a task name (1 to 200 of A-Z a-z 0-9 _ . : -)",
+                field="tasks",
+            )
+    if not 1 <= limit <= MAX_CLAIM:
+        raise InvalidInput(f"max must be from 1 to {MAX_CLAIM}", field="max")
+    if not 0 <= wait <= MAX_WAIT:
+        raise InvalidInput(f"wait_seconds must be from 0 to {MAX_WAIT:g}", field="wait_seconds")
+
+
+def _check_error(error: dict[str, Any]) -> None:
+    message = error.get("message")
+    if not isinstance(message, str) or not message:
+        raise InvalidInput("error.message must be a non-empty string", field="error.message")
+    if len(message) > 4000:
+        raise InvalidInput("error.message must be at most 4000 characters", field="error.message")
+    kind = error.get("type")
+    if kind is not None and (not isinstance(kind, str) or not 1 <= len(kind) <= 200):
+        raise InvalidInput("error.type must be 1 to 200 characters", field="error.type")
+    extra = set(error) - {"message", "type"}
+    if extra:
+        raise InvalidInput(f"error has unknown fields: {', '.join(sorted(extra))}", field="error")

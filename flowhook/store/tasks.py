@@ -1,0 +1,451 @@
+"""Tasks: the work of ``task`` steps, done by workers in the team's own code.
+
+A ``task`` step queues one row (``queued``) in the write that puts its run to sleep. A
+worker's claim takes it (``running``: its attempt number moves on, it is held by the worker
+until ``lease_expires_at``, which each heartbeat pushes on by ``heartbeat_seconds``), and
+the worker completes it (``completed``, its output) or fails it (``failed``, its error);
+either wakes the run, whose step decides (flowhook.engine.steps.task): the output, a retry
+(``queued`` again after the step's backoff, as the next attempt), or the step's failure. A
+lease that runs out puts the task back in reach of every claim: it is taken again as the next
+attempt, the one cut short listed in ``interrupted``. Each move is guarded by the status
+and the attempt in the statement, so an attempt that no longer holds its task changes
+nothing. A task of a run that ended (cancelled, timed out) is never offered again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.guards import ACTIVE_RUN
+from flowhook.store.models import Mode
+from flowhook.store.runs import NOTIFY_CHANNEL as RUNS_CHANNEL
+from flowhook.store.tables import runs, tasks, workers
+
+__all__ = [
+    "Task",
+    "TASKS_CHANNEL",
+    "QueueDepth",
+    "WorkerSeen",
+    "insert",
+    "claim",
+    "heartbeat",
+    "get",
+    "finish",
+    "for_step",
+    "retry",
+    "time_out",
+    "worker_seen",
+    "touch_worker",
+    "workers_seen",
+    "queues",
+]
+
+TASKS_CHANNEL = "flowhook_tasks"
+"""PostgreSQL's channel for a task made ready: the claims waiting in any process wake."""
+
+QUEUED, RUNNING, COMPLETED, FAILED = "queued", "running", "completed", "failed"
+
+
+@dataclass(slots=True)
+class Task:
+    task_id: str
+    workspace_id: str
+    mode: Mode
+    task: str
+    run_id: str
+    idx: int
+    root_run_id: str
+    flow_id: str
+    step_id: str
+    input: Any
+    status: str
+    attempt: int
+    available_at: datetime
+    heartbeat_seconds: float
+    created_at: datetime
+    interrupted: list[int] = field(default_factory=list)
+    worker_id: str | None = None
+    lease_expires_at: datetime | None = None
+    attempt_deadline: datetime | None = None
+    timeout_seconds: float | None = None
+    retryable: bool = False
+    output: Any = None
+    error: dict[str, Any] | None = None
+    traceparent: str | None = None
+    claimed_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Task:
+        values = dict(row._mapping)
+        values["mode"] = Mode(values["mode"])
+        values["interrupted"] = values.get("interrupted") or []
+        return cls(**values)
+
+
+def _wake(conn: AsyncConnection, kind: str) -> None:
+    """Wake the processes waiting for work of ``kind`` once the transaction commits."""
+    conn.info.setdefault("wake", set()).add(kind)
+
+
+async def _notify(conn: AsyncConnection, channel: str) -> None:
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text(f"NOTIFY {channel}"))
+
+
+async def insert(conn: AsyncConnection, task: Task) -> None:
+    """Queue ``task`` (in the write that puts its run to sleep); claims wake at commit."""
+    row = {c.name: getattr(task, c.name) for c in tasks.c}
+    row["mode"] = str(task.mode)
+    row["interrupted"] = task.interrupted or None
+    await conn.execute(tasks.insert().values(**row))
+    _wake(conn, "tasks")
+    await _notify(conn, TASKS_CHANNEL)
+
+
+def _for_update(q: Any, conn: AsyncConnection) -> Any:
+    """PostgreSQL: skip the rows another claim holds; SQLite has one writer."""
+    if conn.dialect.name == "postgresql":
+        return q.with_for_update(skip_locked=True, of=tasks)
+    return q
+
+
+async def claim(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    names: Sequence[str],
+    worker_id: str,
+    limit: int,
+    now: datetime,
+) -> list[Task]:
+    """Up to ``limit`` tasks of ``names`` for ``worker_id``: first those whose lease ran out
+    (taken again as the next attempt, the one cut short listed as interrupted), then the
+    ready ones, oldest first. Only tasks of runs still going are offered."""
+    going = and_(
+        runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
+    )
+    mine = and_(
+        tasks.c.workspace_id == workspace_id, tasks.c.mode == str(mode), tasks.c.task.in_(names)
+    )
+    lapsed = (
+        select(tasks)
+        .join(runs, going)
+        .where(mine, tasks.c.status == RUNNING, tasks.c.lease_expires_at <= now)
+        .order_by(tasks.c.lease_expires_at)
+        .limit(limit)
+    )
+    found = [Task.from_row(r) for r in (await conn.execute(_for_update(lapsed, conn))).all()]
+    if len(found) < limit:
+        ready = (
+            select(tasks)
+            .join(runs, going)
+            .where(mine, tasks.c.status == QUEUED, tasks.c.available_at <= now)
+            .order_by(tasks.c.available_at)
+            .limit(limit - len(found))
+        )
+        found += [Task.from_row(r) for r in (await conn.execute(_for_update(ready, conn))).all()]
+    if not found:
+        return []
+    moves: list[dict[str, Any]] = []
+    deadlines: list[dict[str, Any]] = []
+    for task in found:
+        if task.status == RUNNING:  # its worker stopped heartbeating
+            task.interrupted = [*task.interrupted, task.attempt]
+        task.status, task.attempt, task.worker_id = RUNNING, task.attempt + 1, worker_id
+        task.claimed_at = now
+        task.lease_expires_at = now + timedelta(seconds=task.heartbeat_seconds)
+        task.attempt_deadline = (
+            None if task.timeout_seconds is None else now + timedelta(seconds=task.timeout_seconds)
+        )
+        moves.append({
+            "b_id": task.task_id, "b_attempt": task.attempt, "b_worker": worker_id,
+            "b_lease": task.lease_expires_at, "b_deadline": task.attempt_deadline,
+            "b_interrupted": task.interrupted or None, "b_now": now,
+        })  # fmt: skip
+        if task.attempt_deadline is not None:
+            deadlines.append({"b_run": task.run_id, "b_at": task.attempt_deadline})
+    await conn.execute(_CLAIMED, moves)
+    if deadlines:  # the run wakes when the attempt's time is up, to end it
+        await conn.execute(_WAKE_AT, deadlines)
+    return found
+
+
+_b = bindparam
+_CLAIMED = (
+    update(tasks)
+    .where(tasks.c.task_id == _b("b_id"))
+    .values(
+        status=RUNNING,
+        attempt=_b("b_attempt"),
+        worker_id=_b("b_worker"),
+        lease_expires_at=_b("b_lease"),
+        attempt_deadline=_b("b_deadline"),
+        interrupted=_b("b_interrupted"),
+        claimed_at=_b("b_now"),
+    )
+)
+_WAKE_AT = (
+    update(runs)
+    .where(
+        runs.c.run_id == _b("b_run"),
+        text(ACTIVE_RUN),
+        runs.c.lease_owner.is_(None),
+        runs.c.available_at > _b("b_at"),
+    )
+    .values(available_at=_b("b_at"), due_at=_b("b_at"))
+)
+
+
+async def _locked(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, task_id: str
+) -> Task | None:
+    """The workspace's task ``task_id``, locked on PostgreSQL (SQLite has one writer)."""
+    q = select(tasks).where(
+        tasks.c.task_id == task_id,
+        tasks.c.workspace_id == workspace_id,
+        tasks.c.mode == str(mode),
+    )
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = (await conn.execute(q)).first()
+    return None if row is None else Task.from_row(row)
+
+
+async def _run_going(conn: AsyncConnection, run_id: str) -> bool:
+    q = select(runs.c.run_id).where(
+        runs.c.run_id == run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
+    )
+    return (await conn.execute(q)).first() is not None
+
+
+async def heartbeat(conn: AsyncConnection, task: Task, now: datetime) -> bool:
+    """Push on the lease of the attempt holding ``task`` (read with :func:`get`); whether its
+    run was cancelled meanwhile (or has ended)."""
+    task.lease_expires_at = now + timedelta(seconds=task.heartbeat_seconds)
+    await conn.execute(
+        update(tasks)
+        .where(
+            tasks.c.task_id == task.task_id,
+            tasks.c.status == RUNNING,
+            tasks.c.attempt == task.attempt,
+        )
+        .values(lease_expires_at=task.lease_expires_at)
+    )
+    return not await _run_going(conn, task.run_id)
+
+
+async def get(conn: AsyncConnection, workspace_id: str, mode: Mode, task_id: str) -> Task | None:
+    """The workspace's task ``task_id`` (locked on PostgreSQL: its attempt is ending)."""
+    return await _locked(conn, workspace_id, mode, task_id)
+
+
+async def finish(
+    conn: AsyncConnection,
+    task: Task,
+    now: datetime,
+    *,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+    retryable: bool = False,
+) -> bool:
+    """End the attempt holding ``task``: completed with ``output``, or failed with ``error``
+    (``retryable``: the step's retry may try again), and wake its run; whether the attempt
+    still held it and its run was still going (else nothing is written)."""
+    if not await _run_going(conn, task.run_id):
+        return False
+    status = FAILED if error is not None else COMPLETED
+    done = await conn.execute(
+        update(tasks)
+        .where(
+            tasks.c.task_id == task.task_id,
+            tasks.c.status == RUNNING,
+            tasks.c.attempt == task.attempt,
+        )
+        .values(
+            status=status,
+            output=output,
+            error=error,
+            retryable=retryable,
+            finished_at=now,
+            lease_expires_at=None,
+        )
+    )
+    if done.rowcount != 1:
+        return False
+    await _wake_run(conn, task.run_id, now)
+    return True
+
+
+async def _wake_run(conn: AsyncConnection, run_id: str, now: datetime) -> None:
+    """Make the task's sleeping run claimable now, and wake the engine at commit."""
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id, text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
+        .values(available_at=now, due_at=now)
+    )
+    _wake(conn, "runs")
+    await _notify(conn, RUNS_CHANNEL)
+
+
+async def for_step(conn: AsyncConnection, run_id: str, idx: int) -> Task | None:
+    """The task of step ``idx`` of run row ``run_id``, locked on PostgreSQL (the engine
+    decides what becomes of it)."""
+    q = select(tasks).where(tasks.c.run_id == run_id, tasks.c.idx == idx)
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    row = (await conn.execute(q)).first()
+    return None if row is None else Task.from_row(row)
+
+
+async def time_out(conn: AsyncConnection, task: Task, now: datetime, message: str) -> bool:
+    """Fail the running attempt whose time is up (type ``timeout``, retryable)."""
+    error = {"type": "timeout", "message": message}
+    done = await conn.execute(
+        update(tasks)
+        .where(
+            tasks.c.task_id == task.task_id,
+            tasks.c.status == RUNNING,
+            tasks.c.attempt == task.attempt,
+        )
+        .values(status=FAILED, error=error, retryable=True, finished_at=now, lease_expires_at=None)
+    )
+    if done.rowcount == 1:
+        task.status, task.error, task.retryable, task.finished_at = FAILED, error, True, now
+    return bool(done.rowcount == 1)
+
+
+async def retry(conn: AsyncConnection, task: Task, at: datetime) -> None:
+    """Queue a failed task again, claimable from ``at`` (its next claim is the next attempt)."""
+    await conn.execute(
+        update(tasks)
+        .where(tasks.c.task_id == task.task_id, tasks.c.status == FAILED)
+        .values(
+            status=QUEUED,
+            available_at=at,
+            worker_id=None,
+            attempt_deadline=None,
+            finished_at=None,
+        )
+    )
+    _wake(conn, "tasks")
+    await _notify(conn, TASKS_CHANNEL)
+
+
+# -- who works, and what waits ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeen:
+    worker_id: str
+    tasks: list[str]
+    last_seen_at: datetime
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    task: str
+    waiting: int
+    oldest_at: datetime | None
+    running: int
+
+
+def _upsert(conn: AsyncConnection) -> Any:
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+async def worker_seen(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, worker_id: str, names: Sequence[str],
+    now: datetime,
+) -> None:  # fmt: skip
+    """Remember that ``worker_id`` claimed tasks of ``names`` at ``now``."""
+    insert = _upsert(conn)
+    stmt = insert(workers).values(
+        worker_id=worker_id, workspace_id=workspace_id, mode=str(mode), tasks=sorted(names),
+        last_seen_at=now,
+    )  # fmt: skip
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["worker_id", "workspace_id", "mode"],
+            set_={"tasks": stmt.excluded.tasks, "last_seen_at": stmt.excluded.last_seen_at},
+        )
+    )
+
+
+async def touch_worker(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, worker_id: str, now: datetime
+) -> None:
+    """``worker_id`` is still at work (it heartbeated)."""
+    await conn.execute(
+        update(workers)
+        .where(
+            workers.c.worker_id == worker_id,
+            workers.c.workspace_id == workspace_id,
+            workers.c.mode == str(mode),
+        )
+        .values(last_seen_at=now)
+    )
+
+
+async def workers_seen(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, since: datetime
+) -> list[WorkerSeen]:
+    """The workers that claimed since ``since``, with the tasks each holds now."""
+    held = (
+        select(tasks.c.worker_id, func.count().label("n"))
+        .where(
+            tasks.c.workspace_id == workspace_id,
+            tasks.c.mode == str(mode),
+            tasks.c.status == RUNNING,
+        )
+        .group_by(tasks.c.worker_id)
+        .subquery()
+    )
+    q = (
+        select(workers.c.worker_id, workers.c.tasks, workers.c.last_seen_at, held.c.n)
+        .outerjoin(held, held.c.worker_id == workers.c.worker_id)
+        .where(
+            workers.c.workspace_id == workspace_id,
+            workers.c.mode == str(mode),
+            workers.c.last_seen_at >= since,
+        )
+        .order_by(workers.c.last_seen_at.desc())
+    )
+    return [
+        WorkerSeen(r.worker_id, list(r.tasks), r.last_seen_at, int(r.n or 0))
+        for r in (await conn.execute(q)).all()
+    ]
+
+
+async def queues(conn: AsyncConnection, workspace_id: str, mode: Mode) -> list[QueueDepth]:
+    """Each task name's tasks waiting (of runs still going) and running, and the oldest
+    waiting one's time."""
+    going = and_(runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN))
+    q = (
+        select(
+            tasks.c.task,
+            func.count().filter(tasks.c.status == QUEUED).label("waiting"),
+            func.min(tasks.c.available_at).filter(tasks.c.status == QUEUED).label("oldest"),
+            func.count().filter(tasks.c.status == RUNNING).label("running"),
+        )
+        .join(runs, going)
+        .where(
+            tasks.c.workspace_id == workspace_id,
+            tasks.c.mode == str(mode),
+            tasks.c.status.in_((QUEUED, RUNNING)),
+        )
+        .group_by(tasks.c.task)
+        .order_by(tasks.c.task)
+    )
+    return [
+        QueueDepth(r.task, int(r.waiting), r.oldest, int(r.running))
+        for r in (await conn.execute(q)).all()
+    ]
