@@ -45,6 +45,8 @@ __all__ = [
     "Flow",
     "Run",
     "RunStep",
+    "elapsed_ms",
+    "run_duration_ms",
     "Event",
     "envelope",
     "DeliveryStatus",
@@ -293,6 +295,17 @@ class Run:
         }.get(self.held)
         until = self.throttle_at if self.held == "throttle" else None
         return {"reason": self.held, "key": key or None, "until": until}
+
+
+def elapsed_ms(start: datetime, end: datetime) -> int:
+    """Whole milliseconds from ``start`` to ``end``, never negative."""
+    return max(0, round((end - start).total_seconds() * 1000))
+
+
+def run_duration_ms(run: Run, now: datetime) -> int | None:
+    """How long ``run`` has lasted at ``now``: from its start, ``None`` when it never
+    started."""
+    return elapsed_ms(run.started_at, now) if run.started_at is not None else None
 
 
 def envelope(
