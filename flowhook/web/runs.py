@@ -13,6 +13,7 @@ from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.events import EVENT_TYPES
 from flowhook.service.sessions import session_hash
 from flowhook.serving.streams import open_run_stream
+from flowhook.store.models import RunStatus
 from flowhook.web.pages import COOKIE, Page, PageDep, first, redirect
 from flowhook.web.run_tree import run_view
 
@@ -38,7 +39,11 @@ async def runs(p: Page = PageDep) -> Response:
         else None
     )
     template = "runs_table.html" if q.get("partial") else "runs.html"
-    return p.render(template, rows=page_.data, status=status or "", more=more)
+    return p.render(template, rows=page_.data, status=status or "", more=more, statuses=_STATUSES)
+
+
+_STATUSES = [s.value for s in RunStatus]
+"""The list's status filter, in the enum's order."""
 
 
 @router.get("/runs/{run_id}")
