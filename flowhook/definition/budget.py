@@ -94,7 +94,7 @@ def weight(value: Any, limit: int | None = None, *, printed: bool = False) -> in
         if printed:
             total += _item_weight(item, stack, printed=True)
         # the plain values of a run's context by their exact type first (an isinstance
-        # chain per item was a third of an evaluation in place)
+        # chain per item is slow here: bench/README.md)
         elif kind is str or kind is bytes:
             total += len(item)
         elif kind is dict:
