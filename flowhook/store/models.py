@@ -66,6 +66,7 @@ __all__ = [
     "Workspace",
     "ApiKey",
     "Flow",
+    "MAX_FLOW_VERSION",
     "Run",
     "RunStep",
     "elapsed_ms",
@@ -176,6 +177,10 @@ class ApiKey:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+
+
+MAX_FLOW_VERSION = 2_000_000_000
+"""The largest flow version a request may name (``?version=``): fits every backend's integer."""
 
 
 @dataclass(frozen=True, slots=True)

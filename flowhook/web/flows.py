@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from flowhook.errors import InvalidInput
+from flowhook.store.models import MAX_FLOW_VERSION
 from flowhook.web.pages import Page, PageDep, first, redirect
 
 __all__ = ["router"]
@@ -31,17 +32,14 @@ async def flow(flow_id: str, p: Page = PageDep) -> Response:
     return p.render("flow.html", f=f, versions=versions, error=None, payload="{\n  \n}")
 
 
-_MAX_VERSION = 2_000_000_000  # as the API's ?version= (fits every backend's integer)
-
-
 def _version(text: str | None) -> int | None:
     """``?version=N``: absent or empty is the current version; anything but 1 to 2e9 in
     ASCII digits is refused (``str.isdigit`` takes "²", which ``int`` does not)."""
     if not text:
         return None
     digits = len(text) <= 10 and text.isascii() and text.isdigit()  # int() of 5,000 digits raises
-    if not digits or not 1 <= int(text) <= _MAX_VERSION:
-        raise InvalidInput(f"version must be a whole number from 1 to {_MAX_VERSION}")
+    if not digits or not 1 <= int(text) <= MAX_FLOW_VERSION:
+        raise InvalidInput(f"version must be a whole number from 1 to {MAX_FLOW_VERSION}")
     return int(text)
 
 

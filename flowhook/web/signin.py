@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from flowhook.errors import Unauthenticated
+from flowhook.service.sessions import SESSION_HOURS
 from flowhook.serving.deps import ServicesDep
 from flowhook.web.pages import (
     COOKIE,
@@ -71,7 +72,7 @@ async def signin(request: Request, services: ServicesDep) -> Response:
         httponly=True,
         samesite="lax",
         secure=secure_cookie(request, services.settings),
-        max_age=12 * 3600,
+        max_age=SESSION_HOURS * 3600,
     )
     return response
 
