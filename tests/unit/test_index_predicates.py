@@ -82,14 +82,17 @@ def test_the_overview_s_indexes() -> None:
 
 
 def test_every_status_or_held_predicate_comes_from_the_guards() -> None:
-    """A partial index over a status or ``held`` written by hand would be caught here."""
+    """A partial index of runs or deliveries over a status or ``held`` written by hand
+    would be caught here."""
     terms = {
         ACTIVE_RUN_INDEX,
         PENDING_DELIVERY_INDEX,
-        *(status_in(None, [s]) for s in RunStatus),
+        *(status_in(None, [s]) for s in (*RunStatus, *DeliveryStatus)),
         *(held_is(h) for h in Held),
     }
-    for name in partial_indexes():
-        text = predicate(name)
-        if "status" in text or "held" in text:
-            assert text.split(" AND ")[0] in terms, name
+    for table in (tables.runs, tables.deliveries):
+        for ix in table.indexes:
+            where = ix.dialect_options["sqlite"].get("where")
+            text = "" if where is None else str(where.text)
+            if "status" in text or "held" in text:
+                assert text.split(" AND ")[0] in terms, ix.name
