@@ -1,4 +1,9 @@
-"""Event names (SPEC §6 and ours) and the envelope every webhook carries (SPEC §2)."""
+"""Event names (SPEC §6 and ours) and the envelope every webhook carries (SPEC §2).
+
+This module sits above the store (it builds :class:`~flowhook.store.models.Event` rows), so
+the store never imports it: how long a run lasted (:func:`run_duration_ms`,
+:func:`elapsed_ms`) is :mod:`flowhook.store.models`'s, named here too for the engine and the
+services."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 import orjson
 
 from flowhook.ids import new_id
-from flowhook.store.models import Event, Mode, Run
+from flowhook.store.models import Event, Mode, Run, elapsed_ms, run_duration_ms
 
 __all__ = [
     "EVENT_TYPES",
@@ -73,17 +78,6 @@ def run_event(run: Run, type_: str, payload: dict[str, Any], now: datetime) -> E
         payload=payload,
         now=now,
     )
-
-
-def elapsed_ms(start: datetime, end: datetime) -> int:
-    """Whole milliseconds from ``start`` to ``end``, never negative."""
-    return max(0, round((end - start).total_seconds() * 1000))
-
-
-def run_duration_ms(run: Run, now: datetime) -> int | None:
-    """How long ``run`` has lasted at ``now``: from its start, ``None`` when it never
-    started."""
-    return elapsed_ms(run.started_at, now) if run.started_at is not None else None
 
 
 def cancelled_event(run: Run, now: datetime) -> Event:

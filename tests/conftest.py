@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from fastapi import FastAPI
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.clock import Clock, SystemClock
 from flowhook.config import Settings
 from flowhook.service import Principal, Services

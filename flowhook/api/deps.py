@@ -1,4 +1,5 @@
-"""Dependencies every route shares: the services and the caller."""
+"""Dependencies every API route shares: the services (:mod:`flowhook.serving.deps`, which the
+pages use too) and the caller, by its key."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from flowhook.service import Principal, Services
+from flowhook.service import Principal
+from flowhook.serving.deps import ServicesDep, get_services
 
 __all__ = ["ServicesDep", "CallerDep", "get_services", "caller"]
 
 _bearer = HTTPBearer(auto_error=False, description="A sandbox (sk_test_…) or live (sk_live_…) key.")
-
-
-def get_services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
 
 
 async def caller(
@@ -27,5 +24,4 @@ async def caller(
     return await services.keys.authenticate(request.headers.get("authorization"))
 
 
-ServicesDep = Annotated[Services, Depends(get_services)]
 CallerDep = Annotated[Principal, Depends(caller)]

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from flowhook.api.models import ID_SUFFIX
 from flowhook.definition import FLOW_SCHEMA, STEP_TYPES
+from flowhook.store.models import DeliveryStatus, RunStatus
 
 __all__ = ["install_openapi", "flow_components", "complete"]
 
@@ -142,8 +143,8 @@ _CURSOR_PREFIX = {
     f"{API}/schedules": "sch",
 }
 _STATUS_FILTER = {
-    f"{API}/flows/runs": ["queued", "running", "completed", "failed", "cancelled"],
-    f"{API}/webhooks/deliveries": ["pending", "succeeded", "failed"],
+    f"{API}/flows/runs": [s.value for s in RunStatus],
+    f"{API}/webhooks/deliveries": [s.value for s in DeliveryStatus],
 }
 
 

@@ -5,8 +5,10 @@ A move is legal when :data:`~flowhook.store.models.TRANSITIONS` (runs) or
 turn the tables into the ``WHERE`` conditions of the statements that move rows, so the
 database itself refuses an illegal move. Statuses are written out, not bound: SQLite uses a
 partial index (``ix_runs_claimable``, ``ix_deliveries_due_at``) only when a query states its
-condition literally (with ``IN (?, ?)`` a claim scanned every run: 1.5 ms at 8,000 runs and
-growing), and so do PostgreSQL's generic plans.
+condition literally (with ``IN (?, ?)`` a claim scanned every run; figures in
+bench/README.md), and so do PostgreSQL's generic plans. So the partial indexes of
+:mod:`flowhook.store.tables` take their predicates from here too (:data:`ACTIVE_RUN_INDEX`,
+:func:`held_is`, ...): the term a query states and its index's cannot drift apart.
 """
 
 from __future__ import annotations
@@ -19,27 +21,45 @@ from flowhook.store.models import (
     DELIVERY_TRANSITIONS,
     TRANSITIONS,
     DeliveryStatus,
+    Held,
     RunStatus,
     active,
     sources,
 )
 
-__all__ = ["status_in", "ACTIVE_RUN", "PENDING_DELIVERY", "run_move", "delivery_move"]
+__all__ = [
+    "status_in",
+    "held_is",
+    "ACTIVE_RUN",
+    "PENDING_DELIVERY",
+    "ACTIVE_RUN_INDEX",
+    "PENDING_DELIVERY_INDEX",
+    "run_move",
+    "delivery_move",
+]
 
 
-def status_in(table: str, statuses: Iterable[enum.StrEnum]) -> str:
+def status_in(table: str | None, statuses: Iterable[enum.StrEnum]) -> str:
     """``<table>.status IN ('a', 'b')``, ``<table>.status = 'a'`` for one status, or a
-    condition no row meets when there are none.
+    condition no row meets when there are none; ``table=None``: the bare column, as a partial
+    index states it.
 
     One status is written with ``=``: SQLite uses a partial index only when the query's
     WHERE has the index's own term, and takes ``status IN ('pending')`` for another term
     than the ``status = 'pending'`` of ``ix_deliveries_due``. Written as IN, the dispatcher's
-    "when is the next delivery due" read scanned every delivery ever kept (32 ms per call with
-    200,000 runs of history, twice per dispatcher round: end to end fell to a quarter)."""
+    "when is the next delivery due" read scanned every delivery ever kept (figures in
+    bench/README.md)."""
+    column = "status" if table is None else f"{table}.status"
     values = [f"'{s.value}'" for s in statuses]
     if len(values) == 1:
-        return f"{table}.status = {values[0]}"
-    return f"{table}.status IN ({', '.join(values)})" if values else "1 = 0"
+        return f"{column} = {values[0]}"
+    return f"{column} IN ({', '.join(values)})" if values else "1 = 0"
+
+
+def held_is(reason: Held, table: str | None = None) -> str:
+    """``<table>.held = '<reason>'``: the runs flow control holds back for ``reason``."""
+    column = "held" if table is None else f"{table}.held"
+    return f"{column} = '{reason.value}'"
 
 
 ACTIVE_RUN = status_in("runs", active(TRANSITIONS))
@@ -47,6 +67,12 @@ ACTIVE_RUN = status_in("runs", active(TRANSITIONS))
 
 PENDING_DELIVERY = status_in("deliveries", active(DELIVERY_TRANSITIONS))
 """A delivery still to be sent."""
+
+ACTIVE_RUN_INDEX = status_in(None, active(TRANSITIONS))
+""":data:`ACTIVE_RUN` as the partial indexes of the queue state it (``ix_runs_claimable``)."""
+
+PENDING_DELIVERY_INDEX = status_in(None, active(DELIVERY_TRANSITIONS))
+""":data:`PENDING_DELIVERY` as the partial indexes of due deliveries state it."""
 
 
 @lru_cache(maxsize=32)

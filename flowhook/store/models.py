@@ -7,8 +7,30 @@ Run states and what moves a run between them (:data:`TRANSITIONS`):
       │                  ├──progress recorded, released to sleep──> running
       └──cancel──────────┴──cancel──> cancelled
 
+``queued`` and ``running`` are active (:attr:`RunStatus.active`: some move leaves them); the
+other three are terminal (:attr:`RunStatus.terminal`). Within a status a run has sub-states
+that are columns, not statuses:
+
+- ``held`` (:class:`Held`), queued only: flow control holds the run back. ``concurrency``:
+  every slot of its key is taken; it is due never, unleased, until a run of its key ends and
+  gives it the slot. ``throttle``: its flow's throttle reserved it a later start
+  (``throttle_at``), when it falls due. ``debounce``: executes of its key still join it until
+  it falls due (``due_at``). Admission clears it; so does a cancel.
+- ``cancel_requested_at``: someone asked to cancel a run a worker holds; the worker ends it
+  ``cancelled`` at its next write, and no guarded move that honours a cancel
+  (:func:`flowhook.store.guards.run_move`) may take it elsewhere. A run no worker holds is
+  cancelled at once, with the flag set in the same write.
+- Its steps' records (:class:`StepStatus`): ``running`` while an attempt that talks to the
+  outside world is under way, ``waiting`` while a step waits (a delay, a signal, a person, a
+  child run, its branches or items), ``retrying`` while the run sleeps through a backoff;
+  then ``completed``, ``failed`` or ``skipped`` (a ``goto`` past it). A record left
+  ``running``, ``waiting`` or ``retrying`` when its run ended stays so: the run page shows it
+  stopped.
+
 Delivery states (:data:`DELIVERY_TRANSITIONS`): ``pending`` ──attempt──> ``succeeded`` |
-``failed`` | ``pending`` (an attempt failed and another is scheduled).
+``failed`` | ``pending`` (an attempt failed and another is scheduled). A pending delivery to
+a FIFO endpoint behind another pending one is held: due never (``due_at`` far in the future,
+see :mod:`flowhook.store.webhooks`) until the one before it ends and releases it.
 
 Every state change is an ``UPDATE … WHERE status IN (<sources>) AND lease_owner = :me``
 whose sources come from these tables (:func:`sources`), so the database refuses an illegal
@@ -35,6 +57,7 @@ from flowhook.store.rows import from_row, from_values, to_row
 __all__ = [
     "Mode",
     "RunStatus",
+    "Held",
     "StepStatus",
     "TRANSITIONS",
     "DELIVERY_TRANSITIONS",
@@ -43,8 +66,11 @@ __all__ = [
     "Workspace",
     "ApiKey",
     "Flow",
+    "MAX_FLOW_VERSION",
     "Run",
     "RunStep",
+    "elapsed_ms",
+    "run_duration_ms",
     "Event",
     "envelope",
     "DeliveryStatus",
@@ -68,8 +94,13 @@ class RunStatus(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
-        """No move leaves this status."""
+        """No move leaves this status: completed, failed, cancelled."""
         return not TRANSITIONS[self]
+
+    @property
+    def active(self) -> bool:
+        """Some move leaves this status: queued, running (the run is not over)."""
+        return bool(TRANSITIONS[self])
 
 
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
@@ -84,6 +115,15 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.CANCELLED: frozenset(),
 }
 """The one table of legal run moves: status → the statuses it may move to."""
+
+
+class Held(enum.StrEnum):
+    """Why flow control holds a queued run back (``runs.held``; ``NULL``: nothing does). The
+    values are stored; what each means is in this module's docstring."""
+
+    CONCURRENCY = "concurrency"
+    THROTTLE = "throttle"
+    DEBOUNCE = "debounce"
 
 
 def sources(table: Mapping[Any, AbstractSet[Any]], *path: Any) -> tuple[Any, ...]:
@@ -137,6 +177,10 @@ class ApiKey:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+
+
+MAX_FLOW_VERSION = 2_000_000_000
+"""The largest flow version a request may name (``?version=``): fits every backend's integer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +270,8 @@ class Run:
     concurrency_slot: str | None = None
     """The key of the concurrency slot the run holds, from admission to its end."""
     held: str | None = None
-    """Why the run is held back now: ``concurrency``, ``throttle`` or ``debounce``."""
+    """Why flow control holds the run back now, if it does: a :class:`Held` (read back as
+    its stored text, which equals it)."""
     throttle_key: str | None = None
     throttle_at: datetime | None = None
     """The start its flow's throttle reserved for it."""
@@ -286,13 +331,25 @@ class Run:
         """Why a queued run has not started yet, when flow control holds it back."""
         if self.held is None or self.status is not RunStatus.QUEUED:
             return None
+        held = Held(self.held)
         key = {
-            "concurrency": self.concurrency_key,
-            "throttle": self.throttle_key,
-            "debounce": self.debounce_key,
-        }.get(self.held)
-        until = self.throttle_at if self.held == "throttle" else None
+            Held.CONCURRENCY: self.concurrency_key,
+            Held.THROTTLE: self.throttle_key,
+            Held.DEBOUNCE: self.debounce_key,
+        }[held]
+        until = self.throttle_at if held is Held.THROTTLE else None
         return {"reason": self.held, "key": key or None, "until": until}
+
+
+def elapsed_ms(start: datetime, end: datetime) -> int:
+    """Whole milliseconds from ``start`` to ``end``, never negative."""
+    return max(0, round((end - start).total_seconds() * 1000))
+
+
+def run_duration_ms(run: Run, now: datetime) -> int | None:
+    """How long ``run`` has lasted at ``now``: from its start, ``None`` when it never
+    started."""
+    return elapsed_ms(run.started_at, now) if run.started_at is not None else None
 
 
 def envelope(

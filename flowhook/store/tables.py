@@ -1,4 +1,8 @@
-"""The schema, declared once; Alembic migrations must produce exactly this (a test checks)."""
+"""The schema, declared once; Alembic migrations must produce exactly this (a test checks).
+
+The partial indexes over a status or ``held`` take their predicates from
+:mod:`flowhook.store.guards`, which writes the same terms into the queries that use them
+(``tests/unit/test_index_predicates.py`` checks they agree)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from sqlalchemy import (
     text,
 )
 
+from flowhook.store.guards import ACTIVE_RUN_INDEX, PENDING_DELIVERY_INDEX, held_is, status_in
+from flowhook.store.models import Held, RunStatus
 from flowhook.store.types import IdType, JSONType, OptionalJSON, UTCDateTime
 
 __all__ = [
@@ -206,7 +212,7 @@ runs = Table(
         postgresql_where=text("idempotency_key IS NOT NULL"),
         sqlite_where=text("idempotency_key IS NOT NULL"),
     ),
-    _partial_index("ix_runs_claimable", "available_at", "status IN ('queued', 'running')"),
+    _partial_index("ix_runs_claimable", "available_at", ACTIVE_RUN_INDEX),
     Index(
         "ix_runs_parent",
         "parent_run_id",
@@ -226,14 +232,14 @@ def _partial(name: str, where: str, *columns: Any) -> Index:
 
 # Flow control's partial indexes: runs without flow control are in none of them.
 _partial(  # the queue of each workspace and mode, in claim order (claim_runs takes turns)
-    "ix_runs_queue", "status IN ('queued', 'running')",
+    "ix_runs_queue", ACTIVE_RUN_INDEX,
     runs.c.workspace_id, runs.c.mode, runs.c.priority.desc(), runs.c.due_at,
 )  # fmt: skip
 _partial(  # the runs holding a concurrency slot, per flow and key
     "ix_runs_slots", "concurrency_slot IS NOT NULL", runs.c.flow_id, runs.c.concurrency_slot
 )
 _partial(  # the runs waiting for a slot, in the order they get one
-    "ix_runs_held", "held = 'concurrency'",
+    "ix_runs_held", held_is(Held.CONCURRENCY),
     runs.c.flow_id, runs.c.concurrency_key, runs.c.priority.desc(), runs.c.run_id,
 )  # fmt: skip
 _partial(  # a throttle's reserved starts, latest last
@@ -241,7 +247,7 @@ _partial(  # a throttle's reserved starts, latest last
     runs.c.flow_id, runs.c.throttle_key, runs.c.throttle_at,
 )  # fmt: skip
 _partial(  # the run a debounced execute may still join
-    "ix_runs_debounce", "held = 'debounce'", runs.c.flow_id, runs.c.debounce_key
+    "ix_runs_debounce", held_is(Held.DEBOUNCE), runs.c.flow_id, runs.c.debounce_key
 )
 _partial(  # a run's parts (branches, map items): nested approvals and targeted signals
     "ix_runs_root", "root_run_id IS NOT NULL", runs.c.root_run_id
@@ -266,10 +272,13 @@ _partial(
     runs.c.workspace_id, runs.c.mode, runs.c.status, runs.c.queued_at,
 )  # fmt: skip
 _partial(
-    "ix_runs_completed", "status = 'completed' AND root_run_id IS NULL",
+    "ix_runs_completed", f"{status_in(None, [RunStatus.COMPLETED])} AND root_run_id IS NULL",
     runs.c.flow_id, runs.c.finished_at, runs.c.duration_ms,
 )  # fmt: skip
-_partial("ix_runs_queued", "status = 'queued'", runs.c.workspace_id, runs.c.mode, runs.c.due_at)
+_partial(
+    "ix_runs_queued", status_in(None, [RunStatus.QUEUED]),
+    runs.c.workspace_id, runs.c.mode, runs.c.due_at,
+)  # fmt: skip
 # Retention's: finished runs by when they ended (top-level and parts alike), oldest first.
 _partial("ix_runs_finished", "finished_at IS NOT NULL", runs.c.finished_at)
 
@@ -378,8 +387,8 @@ deliveries = Table(
     _ref("replay_of", required=False),
     _at("created_at"),
     _at("finished_at", required=False),
-    _partial_index("ix_deliveries_due", "next_attempt_at", "status = 'pending'"),
-    _partial_index("ix_deliveries_due_at", "due_at", "status = 'pending'"),
+    _partial_index("ix_deliveries_due", "next_attempt_at", PENDING_DELIVERY_INDEX),
+    _partial_index("ix_deliveries_due_at", "due_at", PENDING_DELIVERY_INDEX),
     Index(None, "workspace_id", "mode", "id"),
     Index(None, "endpoint_id", "status", "created_at"),
     # A delivery's run is its event's (Delivery.queued, replays copy it): a run's deliveries
@@ -388,11 +397,11 @@ deliveries = Table(
     Index(None, "event_id"),
 )
 _partial(  # the overview page's pending deliveries, oldest first
-    "ix_deliveries_pending", "status = 'pending'",
+    "ix_deliveries_pending", PENDING_DELIVERY_INDEX,
     deliveries.c.workspace_id, deliveries.c.mode, deliveries.c.created_at,
 )  # fmt: skip
 _partial(  # the dispatcher's next due delivery past busy endpoints: each endpoint once
-    "ix_deliveries_endpoint_due", "status = 'pending'",
+    "ix_deliveries_endpoint_due", PENDING_DELIVERY_INDEX,
     deliveries.c.endpoint_id, deliveries.c.next_attempt_at,
 )  # fmt: skip
 

@@ -9,9 +9,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from flowhook.api.deps import ServicesDep
 from flowhook.errors import Conflict
-from flowhook.web.routes import templates
+from flowhook.serving.deps import ServicesDep
+from flowhook.web.pages import templates
 
 __all__ = ["router"]
 

@@ -13,16 +13,11 @@ from starlette.responses import Response
 from flowhook.service.overview import HOUR, MINUTE, Overview
 from flowhook.store.overview import COUNT_CAP, DURATION_SAMPLE, EndpointRate, FlowDurations
 from flowhook.web import charts
-from flowhook.web.routes import Page, PageDep, templates
+from flowhook.web.pages import Page, PageDep
 
 __all__ = ["router"]
 
 router = APIRouter(include_in_schema=False)
-
-templates.env.filters["num"] = charts.number
-templates.env.filters["millis"] = charts.millis
-templates.env.filters["age"] = charts.age
-templates.env.filters["size"] = charts.size
 
 
 @dataclass(frozen=True, slots=True)

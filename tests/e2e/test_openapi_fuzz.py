@@ -12,7 +12,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.config import Settings
 from tests.support import Server, serve
 

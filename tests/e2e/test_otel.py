@@ -161,7 +161,7 @@ def test_without_the_endpoint_nothing_is_exported(
 def test_the_sdk_is_not_imported_when_spans_are_not_exported() -> None:
     code = (
         "import sys; from flowhook import tracing;"
-        "import flowhook.api.app, flowhook.engine.executor, flowhook.webhooks.dispatcher;"
+        "import flowhook.app, flowhook.engine.executor, flowhook.webhooks.dispatcher;"
         "assert tracing.start(None) is False and not tracing.ENABLED;"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')"
         " or m.startswith('opentelemetry.exporter'))))"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.clock import SystemClock
 from flowhook.events import make_event
 from flowhook.ids import PREFIXES, new_id, new_secret_id, pack_id

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import command
 from standardwebhooks.webhooks import Webhook
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.clock import SystemClock, isoformat
 from flowhook.config import Settings
 from flowhook.events import make_event

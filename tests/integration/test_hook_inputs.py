@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from standardwebhooks.webhooks import Webhook
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.config import Settings
 from flowhook.ids import new_id
 from flowhook.service import Services

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.clock import SystemClock
 from flowhook.events import make_event
 from flowhook.ids import new_id

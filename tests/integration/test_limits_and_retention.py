@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.clock import FakeClock
 from flowhook.config import Settings
 from flowhook.engine.worker import Worker

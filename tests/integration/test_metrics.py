@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.config import Settings
 from flowhook.webhooks import metrics as webhook_metrics
 from tests.conftest import Api

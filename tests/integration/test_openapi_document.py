@@ -15,8 +15,8 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from flowhook.api.app import create_app
 from flowhook.api.openapi import EXAMPLES
+from flowhook.app import create_app
 from flowhook.config import Settings
 from flowhook.definition import FLOW_SCHEMA, STEP_TYPES
 from tests.conftest import Api

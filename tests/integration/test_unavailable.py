@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.config import Settings
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from flowhook.api.app import create_app
+from flowhook.app import create_app
 from flowhook.config import Settings
 from flowhook.store.models import Mode
 from tests.conftest import Receiver

@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from flowhook import cli_remote
+from flowhook.cli_remote import output as cli_remote
 
 IDS = ["dlv_01m8jysds2egrbyt0qg80abcde", "dlv_01m8jysds2egrbyt0qg80fghjk"]
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from flowhook.store.children import with_nested
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
-from flowhook.web.routes import _decidable, _tree
+from flowhook.web.run_tree import decidable as _decidable
+from flowhook.web.run_tree import tree as _tree
 
 NOW = datetime(2026, 11, 24, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from flowhook.store.models import Mode, Run, RunStatus, RunStep, StepStatus
-from flowhook.web.routes import _between_steps
+from flowhook.web.run_tree import between_steps as _between_steps
 
 NOW = datetime(2026, 11, 28, tzinfo=UTC)
 

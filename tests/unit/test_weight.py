@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.utils import Namespace
 
-from flowhook.definition.sandbox import _FLOAT_CHARS, _OBJECT_CHARS, _SEQUENCES, weight
+from flowhook.definition.budget import _FLOAT_CHARS, _OBJECT_CHARS, _SEQUENCES, weight
 
 
 def reference(value: Any, limit: int, *, printed: bool = False) -> int:

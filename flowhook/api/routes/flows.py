@@ -18,6 +18,7 @@ from flowhook.api.models import (
     ts,
 )
 from flowhook.api.responses import ORJSONResponse
+from flowhook.store.models import MAX_FLOW_VERSION
 
 router = APIRouter(tags=["flows"])
 
@@ -65,7 +66,7 @@ async def get_flow(
     flow_id: str,
     services: ServicesDep,
     who: CallerDep,
-    version: int | None = Query(None, ge=1, le=2_000_000_000),
+    version: int | None = Query(None, ge=1, le=MAX_FLOW_VERSION),
 ) -> Response:
     return ORJSONResponse(flow_record(await services.flows.get(who, flow_id, version)))
 
