@@ -5,9 +5,13 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "async_database_url", "parse_duration"]
+__all__ = ["Settings", "database_backend", "parse_duration"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+_BACKENDS = {"sqlite": "sqlite", "postgresql": "postgresql", "postgres": "postgresql"}
+"""The schemes ``FLOWHOOK_DATABASE_URL`` accepts (any ``+driver`` aside), and the backend
+each names."""
 
 
 def parse_duration(text: str) -> float:
@@ -22,6 +26,18 @@ def parse_duration(text: str) -> float:
     if seconds < 0:
         raise ValueError("a duration must not be negative")
     return seconds
+
+
+def database_backend(url: str) -> str:
+    """The backend a database URL names (``sqlite`` or ``postgresql``); raises ValueError
+    for a URL the setting does not accept."""
+    scheme, sep, _rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a database URL: {url!r}")
+    base = scheme.split("+", 1)[0]
+    if base not in _BACKENDS:
+        raise ValueError(f"unsupported database {base!r}: use sqlite:///path or postgresql://…")
+    return _BACKENDS[base]
 
 
 class Settings(BaseSettings):
@@ -142,7 +158,7 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, value: str) -> str:
-        async_database_url(value)
+        database_backend(value)
         return value
 
     @field_validator("webhook_retry_schedule")
@@ -179,16 +195,3 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
-
-
-def async_database_url(url: str) -> str:
-    """Map a user's URL to the async driver SQLAlchemy needs (``sqlite://`` → aiosqlite)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"not a database URL: {url!r}")
-    base = scheme.split("+", 1)[0]
-    if base == "sqlite":
-        return f"sqlite+aiosqlite://{rest}"
-    if base in {"postgresql", "postgres"}:
-        return f"postgresql+asyncpg://{rest}"
-    raise ValueError(f"unsupported database {base!r}: use sqlite:///path or postgresql://…")

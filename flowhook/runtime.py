@@ -14,9 +14,9 @@ from flowhook.config import Settings, parse_duration
 from flowhook.engine.worker import Worker
 from flowhook.service import Services
 from flowhook.store.db import Database
+from flowhook.store.deliveries import DELIVERY_CHANNEL
 from flowhook.store.runs import NOTIFY_CHANNEL
 from flowhook.store.wakeup import PgListener
-from flowhook.store.webhooks import DELIVERY_CHANNEL
 from flowhook.webhooks.dispatcher import Dispatcher
 
 __all__ = ["Runtime"]

@@ -30,10 +30,11 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.backoff import backoff
-from flowhook.config import async_database_url
 from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
-from flowhook.store import bulk, sqlite_inline
+from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
+from flowhook.store.driver import Driver, driver_for_url
+from flowhook.store.pg_driver import pg_item_type
 from flowhook.store.tables import metadata
 from flowhook.store.wakeup import Wakeup
 
@@ -74,8 +75,9 @@ def _learn_array_types(engine: AsyncEngine) -> None:
     asyncpg knows PostgreSQL's scalar types but looks up an array type (its element, its
     delimiter) the first time a statement of the connection uses one, with a query of its
     own over ``pg_type``; the store's bulk writes pass every column as an array
-    (:func:`flowhook.store.bulk.unnested`). On a new connection the first claim and the
-    first progress of a run paid two such lookups, ~10 ms (``bench/idle_phases.py``).
+    (:func:`flowhook.store.pg_driver.unnested`). On a new connection the first claim and the
+    first progress of a run paid two such lookups (``bench/idle_phases.py``; figures in
+    bench/README.md, "Figures moved from docstrings").
 
     A failure here only costs the lookups later: a connection the server dropped meanwhile
     fails its first statement as a disconnect (:class:`~flowhook.errors.StoreUnavailable`),
@@ -95,11 +97,11 @@ def _learn_array_types(engine: AsyncEngine) -> None:
 @functools.cache
 def _array_types_query() -> str:
     """``SELECT NULL::<type>[], …`` for each column type of the store's tables, as the bulk
-    writes send them (:func:`flowhook.store.bulk.pg_item_type`)."""
+    writes send them (:func:`flowhook.store.pg_driver.pg_item_type`)."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     names = sorted(
         {
-            bulk.pg_item_type(column.type).compile(dialect=dialect)
+            pg_item_type(column.type).compile(dialect=dialect)
             for table in metadata.tables.values()
             for column in table.columns
         }
@@ -155,8 +157,10 @@ class Database:
         self.url = url
         self.keyring = Keyring(secret_key, url)
         """Seals and opens stored secrets; each connection carries it (``crypto.cipher``)."""
-        self.async_url = async_database_url(url)
-        self.is_sqlite = self.async_url.startswith("sqlite")
+        self.driver: Driver = driver_for_url(url)
+        """The backend's driver, chosen once: what differs between SQLite and PostgreSQL."""
+        self.async_url = self.driver.engine_url(url)
+        self.is_sqlite = self.driver.name == "sqlite"
         self.wakeups: dict[str, Wakeup] = {"runs": Wakeup(), "deliveries": Wakeup()}
         """Poked after a commit that queued work of that kind (see ``conn.info["wake"]``)."""
         self.on_events: Callable[[str], None] | None = None
@@ -221,7 +225,7 @@ class Database:
 
     @property
     def dialect(self) -> str:
-        return "sqlite" if self.is_sqlite else "postgresql"
+        return self.driver.name
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back on error. Queries
@@ -280,10 +284,10 @@ class Database:
         On PostgreSQL these connections are a pool of their own whose prepared statements
         keep one generic plan (``plan_cache_mode = force_generic_plan``): the claims run
         many times a second with the same shape, and PostgreSQL, judging a plan for unknown
-        values dearer than the plans it makes for each call's own, planned each call anew:
-        ~0.5 ms of its CPU per run claim, ~2 ms for the turn-taking claim's statements, for
-        the same index reads (``tests/integration/test_pg_driver_path.py`` checks the
-        plans). The API's reads and transactions keep PostgreSQL's own choice."""
+        values dearer than the plans it makes for each call's own, planned each call anew
+        for the same index reads (bench/README.md, "Figures moved from docstrings";
+        ``tests/integration/test_pg_driver_path.py`` checks the plans). The API's reads and
+        transactions keep PostgreSQL's own choice."""
         if self._autocommit_writes is None:
             return self.transaction()
         return self._writing(self._autocommit_writes.connect())
