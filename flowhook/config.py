@@ -191,7 +191,3 @@ class Settings(BaseSettings):
     @property
     def plugin_modules(self) -> list[str]:
         return [m.strip() for m in self.plugins.split(",") if m.strip()]
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")

@@ -65,9 +65,10 @@ class Runtime:
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        if not self.db.is_sqlite:
+        dsn = self.db.listen_dsn
+        if dsn is not None:  # other processes' commits are heard: their NOTIFY
             self.listener = PgListener(
-                self.settings.database_url.replace("+asyncpg", ""),
+                dsn,
                 {
                     NOTIFY_CHANNEL: self.db.wakeups["runs"],
                     DELIVERY_CHANNEL: self.db.wakeups["deliveries"],

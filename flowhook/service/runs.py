@@ -11,8 +11,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import sqlalchemy.exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import tracing
 from flowhook.clock import Clock
@@ -24,12 +22,7 @@ from flowhook.definition.control import (
     debounce_open,
 )
 from flowhook.definition.schema import NESTING
-from flowhook.errors import (
-    Conflict,
-    IdempotencyConflict,
-    InvalidInput,
-    StoreUnavailable,
-)
+from flowhook.errors import Conflict, Duplicate, IdempotencyConflict, InvalidInput, StoreUnavailable
 from flowhook.events import cancelled_event, run_duration_ms
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
@@ -45,7 +38,7 @@ from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import trees as trees_store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.models import Event, Flow, Mode, Run, RunStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.trees import TreeCancel
@@ -106,7 +99,7 @@ _Keyed = tuple[str, Mode, str]
 
 
 async def _keyed_runs(
-    conn: AsyncConnection, keys: Iterable[_Keyed]
+    conn: Connection, keys: Iterable[_Keyed]
 ) -> dict[_Keyed, tuple[Run, str | None] | None]:
     """The runs that earlier requests started with ``keys``, with their requests' hashes,
     read in one statement per workspace and mode (a batch of accepts has one); a key no
@@ -122,7 +115,7 @@ async def _keyed_runs(
 
 
 async def _within_window(
-    conn: AsyncConnection, seen: tuple[Run, str | None] | None, now: datetime
+    conn: Connection, seen: tuple[Run, str | None] | None, now: datetime
 ) -> tuple[Run, str | None] | None:
     """``seen`` (a run an Idempotency-Key started) while the key is within its window; a
     key older than that is forgotten here."""
@@ -133,7 +126,7 @@ async def _within_window(
 
 
 async def _keyed_earlier(
-    conn: AsyncConnection, who: Principal, key: str, now: datetime
+    conn: Connection, who: Principal, key: str, now: datetime
 ) -> tuple[Run, str | None] | None:
     """The run an Idempotency-Key started within its window, with its request's hash."""
     scoped = (who.workspace_id, who.mode, key)
@@ -253,13 +246,13 @@ class RunService:
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         flows: dict[tuple[str, str, str], Flow | None] = {}
         try:
-            if self._db.dialect == "postgresql" and all(r.key is None for r in batch):
+            if self._db.autocommits_statements and all(r.key is None for r in batch):
                 started = await self._start_at_once(batch, flows)
                 if started is not None:
                     return started
             async with self._db.transaction() as conn:  # the flows already read: as good
                 return await self._start_many(conn, batch, flows)
-        except sa_exc.IntegrityError:
+        except Duplicate:
             # Another process committed the same Idempotency-Key first: redo one by one, so
             # each request answers as that key now dictates.
             results: list[Started | BaseException] = []
@@ -267,7 +260,7 @@ class RunService:
                 try:
                     async with self._db.transaction() as conn:
                         [result] = await self._start_many(conn, [request])
-                except sa_exc.IntegrityError:
+                except Duplicate:
                     async with self._db.transaction() as conn:
                         [result] = await self._start_many(conn, [request])
                 results.append(result)
@@ -276,8 +269,9 @@ class RunService:
     async def _start_at_once(
         self, batch: Sequence[_StartRequest], flows: dict[tuple[str, str, str], Flow | None]
     ) -> list[Started | BaseException] | None:
-        """PostgreSQL, a batch without an Idempotency-Key: its flows read (into ``flows``),
-        then its runs and the workers' ``NOTIFY`` written as one statement
+        """Where :meth:`Database.statement` autocommits (PostgreSQL), a batch without an
+        Idempotency-Key: its flows read (into ``flows``), then its runs and the workers'
+        ``NOTIFY`` written as one statement
         (:func:`runs_store.insert_runs` with ``alone``), in autocommit: two round trips where
         a transaction took five (``BEGIN``, the flow, the runs, ``NOTIFY``, ``COMMIT``). One
         statement is atomic on its own, and the flows' read takes the snapshot it took in the
@@ -293,7 +287,7 @@ class RunService:
 
     @staticmethod
     async def _flow_of(
-        conn: AsyncConnection, req: _StartRequest, flows: dict[tuple[str, str, str], Flow | None]
+        conn: Connection, req: _StartRequest, flows: dict[tuple[str, str, str], Flow | None]
     ) -> Flow | None:
         """The flow ``req`` executes, read once per batch (``flows``)."""
         who = req.who
@@ -304,7 +298,7 @@ class RunService:
 
     async def _start_many(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         batch: Sequence[_StartRequest],
         flows: dict[tuple[str, str, str], Flow | None] | None = None,
         *,
@@ -398,7 +392,7 @@ class RunService:
 
     async def _join(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         flow: Flow,
         control: FlowControl,
         key: str,
@@ -509,7 +503,7 @@ class RunService:
         run.throttle_key = keys.throttle_key
 
     async def _rerun_version(
-        self, conn: AsyncConnection, who: Principal, original: Run, version: int | str | None
+        self, conn: Connection, who: Principal, original: Run, version: int | str | None
     ) -> Flow:
         """The flow at the version a rerun of ``original`` runs (its current definition when
         ``"latest"``); 404 when the flow is gone, 400 when the version does not exist."""
@@ -588,7 +582,7 @@ class RunService:
         page before."""
         await self.get(who, run_id, nested=False)
 
-        async def fetch(conn: AsyncConnection, after: str | None, n: int) -> list[Event]:
+        async def fetch(conn: Connection, after: str | None, n: int) -> list[Event]:
             return await events_store.list_events_for_run(conn, run_id, after=after, limit=n)
 
         return await listed(
@@ -689,7 +683,7 @@ class RunService:
         return run, tree
 
     async def _cancel_unleased(
-        self, conn: AsyncConnection, who: Principal, run: Run, now: datetime
+        self, conn: Connection, who: Principal, run: Run, now: datetime
     ) -> bool:
         """End ``run`` cancelled if no worker holds it and it has not moved since read."""
         return await runs_store.cancel_unleased(
@@ -697,7 +691,7 @@ class RunService:
             duration_ms=run_duration_ms(run, now), steps_executed=run.steps_executed,
         )  # fmt: skip
 
-    async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:
+    async def _unfinished(self, conn: Connection, who: Principal, run_id: str) -> Run:
         """The run, which has not ended yet (else Conflict)."""
         run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
         if run is None:

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.clock import Clock
 from flowhook.config import Settings, parse_duration
 from flowhook.errors import Conflict, InvalidInput
@@ -22,7 +20,7 @@ from flowhook.store import delivery_reads
 from flowhook.store import endpoints as endpoints_store
 from flowhook.store import events as events_store
 from flowhook.store import retention as retention_store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.models import Delivery, DeliveryStatus, Endpoint, Event, Mode
 from flowhook.targets import TargetRefused, check_url
 
@@ -275,7 +273,7 @@ class WebhookService:
     async def get_delivery(self, who: Principal, delivery_id: str) -> tuple[Delivery, Event | None]:
         """The delivery and its event, read in one snapshot."""
 
-        async def fetch(conn: AsyncConnection) -> tuple[Delivery, Event | None] | None:
+        async def fetch(conn: Connection) -> tuple[Delivery, Event | None] | None:
             delivery = await delivery_reads.get_delivery(
                 conn, who.workspace_id, who.mode, delivery_id
             )

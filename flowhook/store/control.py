@@ -31,7 +31,7 @@ guarded UPDATE: once a worker claimed the run, the next execute starts another.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,7 @@ __all__ = [
     "joinable",
     "join",
     "held_counts",
+    "active_counts",
 ]
 
 CONCURRENCY = "concurrency"
@@ -269,3 +270,22 @@ async def held_counts(conn: AsyncConnection) -> dict[str, int]:
     )
     found = {str(reason): int(n) for reason, n in (await conn.execute(q)).all()}
     return {reason: found.get(reason, 0) for reason in (CONCURRENCY, THROTTLE, DEBOUNCE)}
+
+
+async def active_counts(
+    conn: AsyncConnection, workspace_ids: Sequence[str]
+) -> dict[tuple[str, str], int]:
+    """Queued and running top-level runs per (workspace, mode) of ``workspace_ids`` (the cap
+    on a workspace's unfinished runs, ``service/active.py``): ``ix_runs_overview``'s rows."""
+    if not workspace_ids:
+        return {}
+    q = (
+        select(runs.c.workspace_id, runs.c.mode, func.count())
+        .where(
+            runs.c.workspace_id.in_(list(workspace_ids)),
+            text("runs.root_run_id IS NULL"),  # ix_runs_overview's rows: no parts
+            runs.c.status.in_(("queued", "running")),
+        )
+        .group_by(runs.c.workspace_id, runs.c.mode)
+    )
+    return {(w, str(m)): int(n) for w, m, n in (await conn.execute(q)).all()}

@@ -19,7 +19,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.backoff import backoff
-from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
+from flowhook.errors import Duplicate, InvalidInput, StoreUnavailable, WriteConflict
 from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
 from flowhook.store.driver import Driver, driver_for_url
@@ -38,7 +38,11 @@ from flowhook.store.pg_driver import pg_item_type
 from flowhook.store.tables import metadata
 from flowhook.store.wakeup import Wakeup
 
-__all__ = ["Database", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
+__all__ = ["Database", "Connection", "DuplicateRow", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
+
+Connection: TypeAlias = AsyncConnection
+"""A connection of a :class:`Database` (SQLAlchemy's): what the store's functions take.
+Callers above the store only pass it on, so they name it by this alias."""
 
 EVENTS_FLOOR = "events_floor"
 """In ``conn.info["tx"]``: the lowest event id the transaction wrote (``store.events``)."""
@@ -227,6 +231,22 @@ class Database:
     def dialect(self) -> str:
         return self.driver.name
 
+    @property
+    def listen_dsn(self) -> str | None:
+        """The DSN a ``LISTEN`` connection opens to hear the ``NOTIFY`` of every process's
+        commits (:class:`~flowhook.store.wakeup.PgListener`); ``None`` where the backend
+        tells no other process (this process's wake-ups, and ``flowhook serve``'s peer
+        link, carry the news there)."""
+        if not self.driver.tells_other_processes:
+            return None
+        return self.url.replace("+asyncpg", "")
+
+    @property
+    def autocommits_statements(self) -> bool:
+        """Whether a :meth:`statement` block is a statement in autocommit, its own
+        transaction (else a write transaction, as :meth:`transaction`)."""
+        return self._autocommit_writes is not None
+
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back on error. Queries
         that queue work add its kind to ``conn.info["wake"]``; those wake-ups fire after the
@@ -242,7 +262,7 @@ class Database:
         ``opened`` gives: its wake-ups and events' floor are fired once it has committed."""
         wake: set[str] = set()
         tx: dict[str, Any] = {}
-        async with _translated(), opened as conn:
+        async with _translated(self.driver), opened as conn:
             conn.info["wake"] = wake
             conn.info["tx"] = tx
             try:
@@ -300,10 +320,10 @@ class Database:
         ``COMMIT`` would only add two round trips to every read (the engine's and the
         dispatcher's due-time probes, the API's lookups)."""
         if self._autocommit_reads is None:  # begun at once: raw statements are inside it too
-            async with _translated(), self.reader.begin() as conn:
+            async with _translated(self.driver), self.reader.begin() as conn:
                 yield conn
         else:
-            async with _translated(), self._autocommit_reads.connect() as conn:
+            async with _translated(self.driver), self._autocommit_reads.connect() as conn:
                 yield conn
 
     async def ping(self) -> None:
@@ -331,7 +351,7 @@ class Database:
             return []
         done: list[str] = []
         try:
-            async with _translated(), self.writer.connect() as conn:
+            async with _translated(self.driver), self.writer.connect() as conn:
                 for table in tables:
                     if await conn.scalar(_NEEDS_STATISTICS, {"table": table}):
                         await conn.execute(text(f'ANALYZE "{table}"'))
@@ -399,16 +419,46 @@ def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bo
     return False
 
 
+class DuplicateRow(Duplicate, sa_exc.IntegrityError):  # type: ignore[misc]  # both have a `code`
+    """The driver's ``IntegrityError`` for a row a unique key refused, as the store raises
+    it: a :class:`~flowhook.errors.Duplicate` to the layers above, and still the
+    ``IntegrityError`` it was to code written against the driver (the store's own tests)."""
+
+    def __init__(self, exc: sa_exc.IntegrityError) -> None:
+        sa_exc.IntegrityError.__init__(
+            self,
+            exc.statement,
+            exc.params,
+            exc.orig if exc.orig is not None else exc,
+            exc.hide_parameters,
+            exc.connection_invalidated,
+            ismulti=exc.ismulti,
+        )
+        self.message = "a row with the same key was written first (by another request)"
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.orig}"
+
+
 @contextlib.asynccontextmanager
-async def _translated() -> AsyncIterator[None]:
+async def _translated(driver: Driver | None = None) -> AsyncIterator[None]:
     """A lost lock conflict (deadlock, serialization failure) becomes :class:`WriteConflict`,
-    which callers may retry; errors that mean "the database is not there" become
-    :class:`StoreUnavailable`; text
-    PostgreSQL cannot hold (the NUL character; SQLite keeps it) becomes :class:`InvalidInput`,
-    so odd input from outside answers 400 on both backends alike."""
+    which callers may retry; a row a unique key refused becomes :class:`DuplicateRow` (as
+    ``driver`` tells them apart: none without one); errors that mean "the database is not
+    there" become :class:`StoreUnavailable`; text PostgreSQL cannot hold (the NUL
+    character; SQLite keeps it) becomes :class:`InvalidInput`, so odd input from outside
+    answers 400 on both backends alike."""
     try:
         yield
+    except DuplicateRow:
+        raise
     except sa_exc.DBAPIError as exc:
+        if (
+            isinstance(exc, sa_exc.IntegrityError)
+            and driver is not None
+            and driver.is_duplicate(exc)
+        ):
+            raise DuplicateRow(exc) from exc
         if _caused_by(exc, _CONFLICT):
             state = getattr(exc.orig, "sqlstate", None) or "conflict"
             raise WriteConflict(f"the transaction lost a lock conflict ({state})") from exc

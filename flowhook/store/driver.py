@@ -47,6 +47,7 @@ __all__ = [
     "update_statement",
     "bound",
     "last_per_key",
+    "causes",
 ]
 
 Pairs = Sequence[tuple[dict[str, Any], dict[str, Any]]]
@@ -210,6 +211,10 @@ class Driver(ABC):
         """No merge joins for the rest of the transaction, where the planner would choose
         them (see :func:`flowhook.store.retention.prune_batch`)."""
 
+    @abstractmethod
+    def is_duplicate(self, exc: BaseException) -> bool:
+        """Whether the driver's error ``exc`` says a unique key refused a row."""
+
 
 @cache
 def _drivers() -> dict[str, Driver]:
@@ -233,6 +238,26 @@ def driver_for_url(url: str) -> Driver:
 def driver_of(conn: AsyncConnection) -> Driver:
     """The driver of the database ``conn`` belongs to."""
     return _drivers()[conn.dialect.name]
+
+
+def causes(exc: BaseException, depth: int = 8) -> list[BaseException]:
+    """``exc`` and what it wraps (a DBAPI error's ``orig``, each ``__cause__`` and
+    ``__context__``), nearest first, at most ``depth`` links from ``exc``."""
+    found: list[BaseException] = []
+    level: list[BaseException] = [exc]
+    for _ in range(depth):
+        following: list[BaseException] = []
+        for seen in level:
+            if any(seen is f for f in found):
+                continue
+            found.append(seen)
+            for link in (getattr(seen, "orig", None), seen.__cause__, seen.__context__):
+                if isinstance(link, BaseException):
+                    following.append(link)
+        if not following:
+            break
+        level = following
+    return found
 
 
 def insert_statement(

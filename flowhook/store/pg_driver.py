@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
 
+import asyncpg
 from sqlalchemy import (
     Column,
     Table,
@@ -47,6 +48,7 @@ from flowhook.store.driver import (
     Driver,
     Insert,
     Pairs,
+    causes,
     insert_statement,
     last_per_key,
 )
@@ -460,6 +462,9 @@ async def run_pg(conn: AsyncConnection, stmt: Any, params: dict[str, Any]) -> li
     ]
 
 
+_DUPLICATE = (asyncpg.exceptions.UniqueViolationError,)
+
+
 class PostgresDriver(Driver):
     name: ClassVar[str] = "postgresql"
     label: ClassVar[str] = "PostgreSQL"
@@ -546,3 +551,9 @@ class PostgresDriver(Driver):
 
     async def prefer_nested_loops(self, conn: AsyncConnection) -> None:
         await conn.execute(text("SET LOCAL enable_mergejoin = off"))
+
+    def is_duplicate(self, exc: BaseException) -> bool:
+        return any(
+            isinstance(seen, _DUPLICATE) or getattr(seen, "sqlstate", None) == "23505"
+            for seen in causes(exc)
+        )

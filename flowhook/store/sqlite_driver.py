@@ -36,6 +36,7 @@ from flowhook.store.driver import (
     Insert,
     Pairs,
     bound,
+    causes,
     insert_statement,
     update_statement,
 )
@@ -51,6 +52,12 @@ __all__ = [
 ]
 
 Convert = Callable[[Any], Any]
+
+_UNIQUE = (
+    getattr(sqlite3, "SQLITE_CONSTRAINT_UNIQUE", 2067),
+    getattr(sqlite3, "SQLITE_CONSTRAINT_PRIMARYKEY", 1555),
+)
+"""The extended result codes of a row a unique key (or the primary key) refused."""
 
 
 def inline_sqlite(conn: AsyncConnection) -> InlineConnection | None:
@@ -385,3 +392,13 @@ class SQLiteDriver(Driver):
 
     async def prefer_nested_loops(self, conn: AsyncConnection) -> None:
         return None
+
+    def is_duplicate(self, exc: BaseException) -> bool:
+        return any(
+            isinstance(seen, sqlite3.IntegrityError)
+            and (
+                getattr(seen, "sqlite_errorcode", None) in _UNIQUE
+                or "UNIQUE constraint failed" in str(seen)
+            )
+            for seen in causes(exc)
+        )

@@ -32,15 +32,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import partial
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.consumer import Consumer
 from flowhook.errors import StoreUnavailable
 from flowhook.group_commit import GroupCommit
 from flowhook.store import attempts, delivery_queue, endpoints
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.deliveries import FIFO, Handoff
 from flowhook.store.delivery_queue import DueDelivery
 from flowhook.store.models import Attempt, DeliveryStatus
@@ -246,7 +244,7 @@ class Dispatcher(Consumer):
         """``handoff``'s transaction did not commit: it took nothing."""
         self._handing.remove(handoff)
 
-    async def _next_due(self, conn: AsyncConnection) -> datetime | None:
+    async def _next_due(self, conn: Connection) -> datetime | None:
         # An endpoint at its cap has due deliveries but takes none now: looking past them
         # avoids claiming every 5 ms for nothing; a delivery it finishes wakes the loop.
         return await delivery_queue.next_due_delivery(conn, self._endpoints_at_cap())
@@ -468,7 +466,7 @@ class Dispatcher(Consumer):
         return [None] * len(completions)
 
     async def _write_completions(
-        self, conn: AsyncConnection, completions: Sequence[attempts.Completion]
+        self, conn: Connection, completions: Sequence[attempts.Completion]
     ) -> None:
         """One group commit of finished attempts, and endpoint health: per endpoint, the last
         final outcome of the group; endpoints in id order (the lock order rule), so two
