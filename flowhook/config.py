@@ -5,7 +5,14 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "database_backend", "parse_duration"]
+from flowhook.defaults import (
+    WEBHOOK_DISABLE_AFTER_DAYS,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_RETRY_SCHEDULE,
+    WEBHOOK_TIMEOUT,
+)
+
+__all__ = ["Settings", "database_backend", "parse_duration", "parse_schedule"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -26,6 +33,14 @@ def parse_duration(text: str) -> float:
     if seconds < 0:
         raise ValueError("a duration must not be negative")
     return seconds
+
+
+def parse_schedule(text: str) -> tuple[float, ...]:
+    """``"30,120,600,3600"`` → seconds; raises ValueError on anything else."""
+    values = tuple(float(part) for part in text.split(",") if part.strip())
+    if not values or any(v < 0 for v in values):
+        raise ValueError("a comma-separated list of non-negative seconds, such as 30,120,600,3600")
+    return values
 
 
 def database_backend(url: str) -> str:
@@ -76,10 +91,10 @@ class Settings(BaseSettings):
     those that ended; past it the ``flow`` step fails (``run_tree_exhausted``)."""
 
     # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
-    webhook_retry_schedule: str = "30,120,600,3600"
-    webhook_max_attempts: int = Field(default=4, ge=1, le=50)
-    webhook_timeout: float = Field(default=10.0, gt=0, le=300)
-    webhook_disable_after: str = "5d"
+    webhook_retry_schedule: str = ",".join(f"{s:g}" for s in WEBHOOK_RETRY_SCHEDULE)
+    webhook_max_attempts: int = Field(default=WEBHOOK_MAX_ATTEMPTS, ge=1, le=50)
+    webhook_timeout: float = Field(default=WEBHOOK_TIMEOUT, gt=0, le=300)
+    webhook_disable_after: str = f"{WEBHOOK_DISABLE_AFTER_DAYS}d"
     """Disable an endpoint that had nothing but failures for this long (s, m, h or d)."""
     webhook_secret_grace: str = "24h"  # noqa: S105 - a duration, not a secret
     """How long a rotated-out secret still signs (``webhook-signature`` carries both)."""
@@ -164,8 +179,6 @@ class Settings(BaseSettings):
     @field_validator("webhook_retry_schedule")
     @classmethod
     def _schedule(cls, value: str) -> str:
-        from flowhook.webhooks.retry import parse_schedule
-
         parse_schedule(value)
         return value
 
@@ -177,8 +190,6 @@ class Settings(BaseSettings):
 
     @property
     def retry_schedule(self) -> tuple[float, ...]:
-        from flowhook.webhooks.retry import parse_schedule
-
         return parse_schedule(self.webhook_retry_schedule)
 
     @field_validator("sqlite_synchronous")

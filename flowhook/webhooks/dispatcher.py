@@ -35,17 +35,24 @@ from functools import partial
 from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.consumer import Consumer
+from flowhook.defaults import (
+    WEBHOOK_DISABLE_AFTER_DAYS,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_RETRY_SCHEDULE,
+    WEBHOOK_TIMEOUT,
+)
 from flowhook.errors import StoreUnavailable
 from flowhook.group_commit import GroupCommit
 from flowhook.store import attempts, delivery_queue, endpoints
 from flowhook.store.db import Connection, Database
 from flowhook.store.deliveries import FIFO, Handoff
 from flowhook.store.delivery_queue import DueDelivery
+from flowhook.store.error_classes import ErrorClass
 from flowhook.store.models import Attempt, DeliveryStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 from flowhook.webhooks import metrics
-from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
+from flowhook.webhooks.retry import next_attempt_at
 from flowhook.webhooks.sender import Result, WebhookClient, build_headers, send
 from flowhook.webhooks.slots import SLOW, EndpointSlots
 
@@ -92,10 +99,10 @@ class Dispatcher(Consumer):
         owner: str,
         concurrency: int = 64,
         per_endpoint: int = 16,
-        timeout: float = 10.0,
-        schedule: Sequence[float] = DEFAULT_SCHEDULE,
-        max_attempts: int = 4,
-        disable_after: float = 5 * 86400,
+        timeout: float = WEBHOOK_TIMEOUT,
+        schedule: Sequence[float] = WEBHOOK_RETRY_SCHEDULE,
+        max_attempts: int = WEBHOOK_MAX_ATTEMPTS,
+        disable_after: float = WEBHOOK_DISABLE_AFTER_DAYS * 86400,
         allow_private_targets: bool = False,
         retry_throttled: bool = False,
         poll_interval: float = 5.0,
@@ -362,12 +369,13 @@ class Dispatcher(Consumer):
         """The failed attempt of a delivery whose endpoint was deleted or disabled."""
         now = self.clock.now()
         gone = due.url is None
+        kind = ErrorClass.ENDPOINT_DELETED if gone else ErrorClass.ENDPOINT_DISABLED
         return attempts.Completion(
             due.id,
             due.endpoint_id,
             Attempt(
                 number, now, now, 0,
-                error_class="endpoint_deleted" if gone else "endpoint_disabled",
+                error_class=kind,
                 error_detail="the endpoint was deleted" if gone else "the endpoint is disabled",
             ),
             DeliveryStatus.FAILED,
