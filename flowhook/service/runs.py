@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -28,6 +27,15 @@ from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.active import ActiveRuns
 from flowhook.service.auth import Principal
+from flowhook.service.idempotency import (
+    Keyed,
+    body_hash,
+    check_key,
+    keyed_earlier,
+    keyed_runs,
+    request_hash,
+    within_window,
+)
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
@@ -39,7 +47,7 @@ from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import trees as trees_store
 from flowhook.store.db import Connection, Database
-from flowhook.store.models import Event, Flow, Mode, Run, RunStatus
+from flowhook.store.models import Event, Flow, Run, RunStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.trees import TreeCancel
 from flowhook.store.wakeup import Wakeup
@@ -47,19 +55,17 @@ from flowhook.store.wakeup import Wakeup
 if TYPE_CHECKING:
     from flowhook.service.streams import EventHub
 
-__all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
+__all__ = ["RunService", "Started", "TRIGGERS"]
 
 TRIGGERS = ("api",)
 """Triggers a caller may name; ``webhook`` and ``schedule`` are set by the service itself."""
 
-IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_WAIT = 60.0
 LONG_POLL_INTERVAL = 0.1
 """Seconds between a long poll's reads of its run when no event hub wakes it."""
 LONG_POLL_FALLBACK = 1.0
 """Seconds a long poll woken by the event hub waits at most between reads (a wake-up lost
 with a hub's failed read costs that much)."""
-MAX_IDEMPOTENCY_KEY = 255
 PLANNED_TABLES = ("runs",)
 """Tables whose statistics PostgreSQL plans the accept path with: gathered as the runs this
 process accepts grow (see :class:`StatisticsKeeper`)."""
@@ -75,62 +81,6 @@ class Started:
 def _worth_retrying_alone(exc: BaseException) -> bool:
     """A failed batch is redone request by request, unless the store itself is down."""
     return isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
-
-
-def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
-    body = {"flow_id": flow_id, "trigger": trigger, "payload": payload}
-    return _digest(body)
-
-
-def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _check_key(key: str | None) -> None:
-    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
-        raise InvalidInput(
-            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-            field="Idempotency-Key",
-        )
-
-
-_Keyed = tuple[str, Mode, str]
-"""An Idempotency-Key in its scope: workspace, mode, key."""
-
-
-async def _keyed_runs(
-    conn: Connection, keys: Iterable[_Keyed]
-) -> dict[_Keyed, tuple[Run, str | None] | None]:
-    """The runs that earlier requests started with ``keys``, with their requests' hashes,
-    read in one statement per workspace and mode (a batch of accepts has one); a key no
-    run holds is left out."""
-    scopes: dict[tuple[str, Mode], set[str]] = {}
-    for workspace_id, mode, key in keys:
-        scopes.setdefault((workspace_id, mode), set()).add(key)
-    found: dict[_Keyed, tuple[Run, str | None] | None] = {}
-    for (workspace_id, mode), scope in scopes.items():
-        runs = await runs_store.find_by_idempotency_keys(conn, workspace_id, mode, scope)
-        found.update(((workspace_id, mode, key), seen) for key, seen in runs.items())
-    return found
-
-
-async def _within_window(
-    conn: Connection, seen: tuple[Run, str | None] | None, now: datetime
-) -> tuple[Run, str | None] | None:
-    """``seen`` (a run an Idempotency-Key started) while the key is within its window; a
-    key older than that is forgotten here."""
-    if seen is not None and seen[0].queued_at <= now - IDEMPOTENCY_WINDOW:
-        await runs_store.release_idempotency_key(conn, seen[0].run_id)
-        return None
-    return seen
-
-
-async def _keyed_earlier(
-    conn: Connection, who: Principal, key: str, now: datetime
-) -> tuple[Run, str | None] | None:
-    """The run an Idempotency-Key started within its window, with its request's hash."""
-    scoped = (who.workspace_id, who.mode, key)
-    return await _within_window(conn, (await _keyed_runs(conn, [scoped])).get(scoped), now)
 
 
 def _replayed(seen: tuple[Run, str | None], digest: str | None) -> Started | IdempotencyConflict:
@@ -215,7 +165,7 @@ class RunService:
             )
         if not flow_id.startswith("wf_") or len(flow_id) > 40 or not flow_id.isprintable():
             raise InvalidInput(f"flow_id must look like wf_…, not {flow_id!r}", field="flow_id")
-        _check_key(idempotency_key)
+        check_key(idempotency_key)
         encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         if priority is not None:
@@ -311,9 +261,9 @@ class RunService:
         rows: list[tuple[Run, str | None, str | None]] = []
         encoded: list[orjson.Fragment] = []
         flows = {} if flows is None else flows
-        keyed: dict[_Keyed, tuple[Run, str | None]] = {}
+        keyed: dict[Keyed, tuple[Run, str | None]] = {}
         """Runs this batch queues with an Idempotency-Key (a later request repeats one)."""
-        earlier = await _keyed_runs(
+        earlier = await keyed_runs(
             conn, [(r.who.workspace_id, r.who.mode, r.key) for r in batch if r.key is not None]
         )
         debounced: dict[tuple[str, str], tuple[Run, int]] = {}
@@ -324,7 +274,7 @@ class RunService:
                 scoped = (who.workspace_id, who.mode, req.key)
                 seen = keyed.get(scoped)
                 if seen is None and earlier.get(scoped) is not None:  # forgotten: None
-                    seen = earlier[scoped] = await _within_window(conn, earlier[scoped], now)
+                    seen = earlier[scoped] = await within_window(conn, earlier[scoped], now)
                 if seen is not None:
                     results.append(_replayed(seen, req.digest))
                     continue
@@ -439,14 +389,14 @@ class RunService:
         if not is_id(run_id, "run"):
             raise missing("run", run_id)
         version = parse_version(flow_version)
-        _check_key(idempotency_key)
+        check_key(idempotency_key)
         encoded = None if payload is None else encode_json(payload, "payload")
         request = {"rerun_of": run_id, "from_step": from_step, "flow_version": version}
-        digest = _digest({**request, "payload": payload}) if idempotency_key else None
+        digest = body_hash({**request, "payload": payload}) if idempotency_key else None
         now = self._clock.now()
         async with self._db.transaction() as conn:
             if idempotency_key is not None:
-                seen = await _keyed_earlier(conn, who, idempotency_key, now)
+                seen = await keyed_earlier(conn, who, idempotency_key, now)
                 if seen is not None:
                     answer = _replayed(seen, digest)
                     if isinstance(answer, IdempotencyConflict):
