@@ -230,6 +230,7 @@ def serve(
     from flowhook.api.app import create_app
     from flowhook.gctune import tune_for_server
     from flowhook.peer import EngineProcess
+    from flowhook.store.driver import driver_for_url
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
     listener = None
@@ -258,7 +259,7 @@ def serve(
     logging.getLogger("flowhook").info(
         "serving on %s with %s%s",
         base,
-        "SQLite" if settings.is_sqlite else "PostgreSQL",
+        driver_for_url(settings.database_url).label,
         " (API and engine in two processes)" if split else "",
     )
     config = uvicorn.Config(
@@ -409,7 +410,7 @@ async def _work(settings: Settings, peer: Any = None) -> None:
     try:
         if peer is not None:
             link = PeerLink(peer, on_lost=stop.set)
-            if db.is_sqlite:
+            if db.listen_dsn is None:  # else the database's NOTIFY tells every process
                 attach_engine(link, db)
             link.start()
         else:
