@@ -227,7 +227,7 @@ def serve(
     dispatcher, the scheduler and retention. If either ends, so does the other."""
     import uvicorn
 
-    from flowhook.api.app import create_app
+    from flowhook.app import create_app
     from flowhook.gctune import tune_for_server
     from flowhook.peer import EngineProcess
     from flowhook.store.driver import driver_for_url
@@ -341,7 +341,7 @@ def api(
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
     os.environ["FLOWHOOK_PORT"] = str(settings.port)
     config = uvicorn.Config(
-        "flowhook.api.app:api_app",
+        "flowhook.app:api_app",
         factory=True,
         host=settings.host,
         port=settings.port,

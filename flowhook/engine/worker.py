@@ -20,7 +20,6 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import logs
 from flowhook.clock import Clock
@@ -30,6 +29,7 @@ from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
+from flowhook.store.db import Connection as AsyncConnection
 from flowhook.store.db import Database
 from flowhook.store.deliveries import Handoff
 from flowhook.store.models import Run, RunStatus

@@ -25,11 +25,10 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.events import run_duration_ms
 from flowhook.store import bulk
 from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN, run_move
-from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
+from flowhook.store.models import Run, RunStatus, RunStep, StepStatus, run_duration_ms
 from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS, get_run_by_id
 from flowhook.store.tables import run_steps, runs
 from flowhook.store.types import HELD

@@ -40,7 +40,8 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.driver import driver_of
-from flowhook.store.models import Run, RunStatus
+from flowhook.store.guards import ACTIVE_RUN, held_is
+from flowhook.store.models import Held, Run, RunStatus
 from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS
 from flowhook.store.tables import runs
 from flowhook.store.types import HELD
@@ -64,10 +65,10 @@ __all__ = [
     "active_counts",
 ]
 
-CONCURRENCY = "concurrency"
-THROTTLE = "throttle"
-DEBOUNCE = "debounce"
-_ACTIVE = text("runs.status IN ('queued', 'running')")
+CONCURRENCY = Held.CONCURRENCY
+THROTTLE = Held.THROTTLE
+DEBOUNCE = Held.DEBOUNCE
+_ACTIVE = text(ACTIVE_RUN)
 
 
 def lock_key(kind: str, flow_id: str, key: str) -> str:
@@ -103,7 +104,7 @@ async def slots_taken(conn: AsyncConnection, flow_id: str, key: str) -> tuple[in
         .where(
             runs.c.flow_id == flow_id,
             runs.c.concurrency_key == key,
-            text("runs.held = 'concurrency'"),
+            text(held_is(Held.CONCURRENCY, "runs")),
             runs.c.status == str(RunStatus.QUEUED),
         )
         .exists()
@@ -156,7 +157,7 @@ async def give_slots(
         .where(
             runs.c.flow_id == flow_id,
             runs.c.concurrency_key == key,
-            text("runs.held = 'concurrency'"),
+            text(held_is(Held.CONCURRENCY, "runs")),
             runs.c.status == str(RunStatus.QUEUED),
         )
         .order_by(runs.c.priority.desc(), runs.c.run_id)
@@ -169,7 +170,7 @@ async def give_slots(
         return 0
     result = await conn.execute(
         update(runs)
-        .where(runs.c.run_id.in_(ids), text("runs.held = 'concurrency'"))
+        .where(runs.c.run_id.in_(ids), text(held_is(Held.CONCURRENCY, "runs")))
         .values(concurrency_slot=key, held=None, available_at=now, due_at=now)
     )
     if result.rowcount:
@@ -231,7 +232,7 @@ async def joinable(conn: AsyncConnection, flow_id: str, key: str) -> Run | None:
         .where(
             runs.c.flow_id == flow_id,
             runs.c.debounce_key == key,
-            text("runs.held = 'debounce'"),
+            text(held_is(Held.DEBOUNCE, "runs")),
             runs.c.lease_owner.is_(None),
             runs.c.status == str(RunStatus.QUEUED),
         )
@@ -249,7 +250,7 @@ async def join(conn: AsyncConnection, run_id: str, payload: orjson.Fragment, due
         update(runs)
         .where(
             runs.c.run_id == run_id,
-            text("runs.held = 'debounce'"),
+            text(held_is(Held.DEBOUNCE, "runs")),
             runs.c.lease_owner.is_(None),
             runs.c.status == str(RunStatus.QUEUED),
         )

@@ -13,11 +13,10 @@ from typing import Any
 from sqlalchemy import BigInteger, ColumnElement, case, cast, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.events import run_duration_ms
 from flowhook.store.children import UNLEASED, cancelled_values
 from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
-from flowhook.store.models import Run, RunStatus
+from flowhook.store.models import Run, RunStatus, run_duration_ms
 from flowhook.store.runs import RUN_COLUMNS
 from flowhook.store.tables import run_trees, runs
 
@@ -57,7 +56,7 @@ class TreeCancel:
 
 def _duration_ms(conn: AsyncConnection, now: datetime) -> ColumnElement[int]:
     """A run's ``duration_ms`` when it is cancelled at ``now``, in SQL: as
-    :func:`flowhook.events.run_duration_ms` reckons it."""
+    `run_duration_ms` reckons it."""
     ms = driver_of(conn).milliseconds_since(now, runs.c.started_at)
     return case((runs.c.started_at.is_(None), None), else_=cast(ms, BigInteger))
 
