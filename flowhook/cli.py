@@ -227,9 +227,10 @@ def serve(
     dispatcher, the scheduler and retention. If either ends, so does the other."""
     import uvicorn
 
-    from flowhook.api.app import create_app
+    from flowhook.app import create_app
     from flowhook.gctune import tune_for_server
     from flowhook.peer import EngineProcess
+    from flowhook.store.driver import driver_for_url
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
     listener = None
@@ -258,7 +259,7 @@ def serve(
     logging.getLogger("flowhook").info(
         "serving on %s with %s%s",
         base,
-        "SQLite" if settings.is_sqlite else "PostgreSQL",
+        driver_for_url(settings.database_url).label,
         " (API and engine in two processes)" if split else "",
     )
     config = uvicorn.Config(
@@ -340,7 +341,7 @@ def api(
     os.environ["FLOWHOOK_DATABASE_URL"] = settings.database_url  # the worker processes read it
     os.environ["FLOWHOOK_PORT"] = str(settings.port)
     config = uvicorn.Config(
-        "flowhook.api.app:api_app",
+        "flowhook.app:api_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -409,7 +410,7 @@ async def _work(settings: Settings, peer: Any = None) -> None:
     try:
         if peer is not None:
             link = PeerLink(peer, on_lost=stop.set)
-            if db.is_sqlite:
+            if db.listen_dsn is None:  # else the database's NOTIFY tells every process
                 attach_engine(link, db)
             link.start()
         else:

@@ -5,9 +5,20 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "async_database_url", "parse_duration"]
+from flowhook.defaults import (
+    WEBHOOK_DISABLE_AFTER_DAYS,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_RETRY_SCHEDULE,
+    WEBHOOK_TIMEOUT,
+)
+
+__all__ = ["Settings", "database_backend", "parse_duration", "parse_schedule"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+_BACKENDS = {"sqlite": "sqlite", "postgresql": "postgresql", "postgres": "postgresql"}
+"""The schemes ``FLOWHOOK_DATABASE_URL`` accepts (any ``+driver`` aside), and the backend
+each names."""
 
 
 def parse_duration(text: str) -> float:
@@ -22,6 +33,26 @@ def parse_duration(text: str) -> float:
     if seconds < 0:
         raise ValueError("a duration must not be negative")
     return seconds
+
+
+def parse_schedule(text: str) -> tuple[float, ...]:
+    """``"30,120,600,3600"`` → seconds; raises ValueError on anything else."""
+    values = tuple(float(part) for part in text.split(",") if part.strip())
+    if not values or any(v < 0 for v in values):
+        raise ValueError("a comma-separated list of non-negative seconds, such as 30,120,600,3600")
+    return values
+
+
+def database_backend(url: str) -> str:
+    """The backend a database URL names (``sqlite`` or ``postgresql``); raises ValueError
+    for a URL the setting does not accept."""
+    scheme, sep, _rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a database URL: {url!r}")
+    base = scheme.split("+", 1)[0]
+    if base not in _BACKENDS:
+        raise ValueError(f"unsupported database {base!r}: use sqlite:///path or postgresql://…")
+    return _BACKENDS[base]
 
 
 class Settings(BaseSettings):
@@ -60,10 +91,10 @@ class Settings(BaseSettings):
     those that ended; past it the ``flow`` step fails (``run_tree_exhausted``)."""
 
     # Webhooks (SPEC §8): retry schedule in seconds, attempts in all, request timeout.
-    webhook_retry_schedule: str = "30,120,600,3600"
-    webhook_max_attempts: int = Field(default=4, ge=1, le=50)
-    webhook_timeout: float = Field(default=10.0, gt=0, le=300)
-    webhook_disable_after: str = "5d"
+    webhook_retry_schedule: str = ",".join(f"{s:g}" for s in WEBHOOK_RETRY_SCHEDULE)
+    webhook_max_attempts: int = Field(default=WEBHOOK_MAX_ATTEMPTS, ge=1, le=50)
+    webhook_timeout: float = Field(default=WEBHOOK_TIMEOUT, gt=0, le=300)
+    webhook_disable_after: str = f"{WEBHOOK_DISABLE_AFTER_DAYS}d"
     """Disable an endpoint that had nothing but failures for this long (s, m, h or d)."""
     webhook_secret_grace: str = "24h"  # noqa: S105 - a duration, not a secret
     """How long a rotated-out secret still signs (``webhook-signature`` carries both)."""
@@ -142,14 +173,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, value: str) -> str:
-        async_database_url(value)
+        database_backend(value)
         return value
 
     @field_validator("webhook_retry_schedule")
     @classmethod
     def _schedule(cls, value: str) -> str:
-        from flowhook.webhooks.retry import parse_schedule
-
         parse_schedule(value)
         return value
 
@@ -161,8 +190,6 @@ class Settings(BaseSettings):
 
     @property
     def retry_schedule(self) -> tuple[float, ...]:
-        from flowhook.webhooks.retry import parse_schedule
-
         return parse_schedule(self.webhook_retry_schedule)
 
     @field_validator("sqlite_synchronous")
@@ -175,20 +202,3 @@ class Settings(BaseSettings):
     @property
     def plugin_modules(self) -> list[str]:
         return [m.strip() for m in self.plugins.split(",") if m.strip()]
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
-
-def async_database_url(url: str) -> str:
-    """Map a user's URL to the async driver SQLAlchemy needs (``sqlite://`` → aiosqlite)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ValueError(f"not a database URL: {url!r}")
-    base = scheme.split("+", 1)[0]
-    if base == "sqlite":
-        return f"sqlite+aiosqlite://{rest}"
-    if base in {"postgresql", "postgres"}:
-        return f"postgresql+asyncpg://{rest}"
-    raise ValueError(f"unsupported database {base!r}: use sqlite:///path or postgresql://…")

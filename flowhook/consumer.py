@@ -21,12 +21,11 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.backoff import backoff
 from flowhook.clock import Clock
 from flowhook.errors import StoreUnavailable
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.wakeup import Wakeup
 
 __all__ = ["Consumer"]
@@ -80,7 +79,7 @@ class Consumer:
         many were claimed."""
         raise NotImplementedError
 
-    async def _next_due(self, conn: AsyncConnection) -> datetime | None:
+    async def _next_due(self, conn: Connection) -> datetime | None:
         """When the next item this consumer could claim falls due (``None``: none waits)."""
         raise NotImplementedError
 

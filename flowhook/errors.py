@@ -4,13 +4,16 @@ FlowhookError
  ├── InvalidInput            bad input from outside (names the field)
  │    └── InvalidDefinition  a flow definition that fails its schema
  ├── Unauthenticated         missing, unknown or revoked API key
+ ├── Forbidden               a known caller that may not do this (a form without its token)
  ├── NotFound                unknown, or not in the caller's workspace and mode
  ├── Conflict                state does not allow the request
  │    └── IdempotencyConflict
+ ├── RateLimited             too many requests (``retry_after`` seconds)
  ├── PayloadTooLarge
  ├── UnsupportedMediaType
  ├── StoreUnavailable        the database cannot be reached
  │    └── WriteConflict      a transaction lost a deadlock or serialization conflict
+ ├── Duplicate               a unique key refused a row (most often one written meanwhile)
  └── SecretKeyError          FLOWHOOK_SECRET_KEY (or the key file) missing, malformed or wrong
 """
 
@@ -30,6 +33,7 @@ __all__ = [
     "UnsupportedMediaType",
     "StoreUnavailable",
     "WriteConflict",
+    "Duplicate",
     "SecretKeyError",
 ]
 
@@ -146,6 +150,15 @@ class WriteConflict(StoreUnavailable):
     """PostgreSQL ended the transaction to break a deadlock (SQLSTATE 40P01) or a
     serialization failure (40001). Such a transaction wrote nothing, so running it again is
     safe (``Database.retrying`` does); one that still fails answers 503 like an outage."""
+
+
+class Duplicate(FlowhookError):
+    """A write met a row with the same unique key, most often one another request committed
+    meanwhile (the same Idempotency-Key, signal or inbound delivery id): the store raises it
+    for the driver's unique-violation error, and the caller runs its work again, which then
+    finds that row. One that escapes answers 500, as the driver's error did."""
+
+    code = "duplicate"
 
 
 class SecretKeyError(FlowhookError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from flowhook.store.error_classes import ErrorClass
 from flowhook.targets import TargetRefused
 
 __all__ = ["classify"]
@@ -19,19 +20,19 @@ __all__ = ["classify"]
 
 def classify(
     exc: TargetRefused | aiohttp.ClientError | OSError, *, where: str = ""
-) -> tuple[str, str]:
+) -> tuple[ErrorClass, str]:
     """(error class, detail) of a failed request. ``where`` (the step's ``"<url>: "``)
     prefixes the details of network errors; a refusal or a malformed URL says what it is."""
     if isinstance(exc, TargetRefused):
-        return "destination_blocked", exc.message
+        return ErrorClass.DESTINATION_BLOCKED, exc.message
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "dns", f"{where}{exc}"
+        return ErrorClass.DNS, f"{where}{exc}"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
-        return "tls", f"{where}{exc}"
+        return ErrorClass.TLS, f"{where}{exc}"
     if isinstance(exc, aiohttp.ClientConnectorError):
         if isinstance(exc.__cause__, TargetRefused):  # the guarded connector refused the peer
-            return "destination_blocked", exc.__cause__.message
-        return "connection", f"{where}{exc}"
+            return ErrorClass.DESTINATION_BLOCKED, exc.__cause__.message
+        return ErrorClass.CONNECTION, f"{where}{exc}"
     if isinstance(exc, aiohttp.InvalidURL):
-        return "invalid_request", f"not a valid URL: {exc}"
-    return "connection", f"{where}{type(exc).__name__}: {exc}"
+        return ErrorClass.INVALID_REQUEST, f"not a valid URL: {exc}"
+    return ErrorClass.CONNECTION, f"{where}{type(exc).__name__}: {exc}"

@@ -274,7 +274,7 @@ class EngineProcess:
             theirs.close()
         link = PeerLink(mine, self._lost)
         link.on_stopping = self._engine_stopping
-        if db.is_sqlite:  # PostgreSQL's NOTIFY tells every process already
+        if db.listen_dsn is None:  # else the database's NOTIFY tells every process already
             attach_api(link, db)
         self.link = link
         link.start()

@@ -14,9 +14,9 @@ from flowhook.config import Settings, parse_duration
 from flowhook.engine.worker import Worker
 from flowhook.service import Services
 from flowhook.store.db import Database
+from flowhook.store.deliveries import DELIVERY_CHANNEL
 from flowhook.store.runs import NOTIFY_CHANNEL
 from flowhook.store.wakeup import PgListener
-from flowhook.store.webhooks import DELIVERY_CHANNEL
 from flowhook.webhooks.dispatcher import Dispatcher
 
 __all__ = ["Runtime"]
@@ -65,9 +65,10 @@ class Runtime:
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        if not self.db.is_sqlite:
+        dsn = self.db.listen_dsn
+        if dsn is not None:  # other processes' commits are heard: their NOTIFY
             self.listener = PgListener(
-                self.settings.database_url.replace("+asyncpg", ""),
+                dsn,
                 {
                     NOTIFY_CHANNEL: self.db.wakeups["runs"],
                     DELIVERY_CHANNEL: self.db.wakeups["deliveries"],

@@ -1,7 +1,7 @@
-"""Where :func:`create_app` and :func:`api_app` were: they live in :mod:`flowhook.app`, the
-composition root, since the API and the pages became siblings. Kept for ``flowhook/cli.py``
-(``serve``, and ``flowhook.api.app:api_app``, the factory ``flowhook api`` hands uvicorn)
-until it imports :mod:`flowhook.app`; nothing in the API imports this module."""
+"""A shim: :func:`create_app` and :func:`api_app` live in :mod:`flowhook.app`, the composition
+root, since the API and the pages became siblings. It stays for the bench scripts, which
+``bench/ab.sh`` also runs on commits from before :mod:`flowhook.app` (they import
+``flowhook.api.app``); nothing in Flowhook imports it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from flowhook.store import runs as runs_store
 from flowhook.store.models import Run, RunStatus
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["Admission", "UNLIMITED", "limit_now"]
 

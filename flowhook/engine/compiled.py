@@ -16,7 +16,7 @@ from flowhook.store import flows as flows_store
 from flowhook.store.db import Database
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["CompiledFlow", "FlowCache", "DEFAULT_RUN_TIMEOUT"]
 

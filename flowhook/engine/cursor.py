@@ -21,10 +21,9 @@ from flowhook.store import runs as runs_store
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
     from flowhook.engine.compiled import CompiledFlow
     from flowhook.engine.writer import RunWriter
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["Pending", "RunCursor", "nesting"]
 

@@ -25,10 +25,9 @@ from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.types import json_has_nul
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
     from flowhook.engine.cursor import Pending
     from flowhook.engine.steps.base import Context, Outcome, Step
+    from flowhook.store.db import Connection as AsyncConnection
     from flowhook.store.runs import Progress
 
 __all__ = [

@@ -20,7 +20,6 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import aiohttp
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import logs
 from flowhook.clock import Clock
@@ -30,8 +29,9 @@ from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
 from flowhook.store import runs as runs_store
-from flowhook.store import webhooks as webhooks_store
+from flowhook.store.db import Connection as AsyncConnection
 from flowhook.store.db import Database
+from flowhook.store.deliveries import Handoff
 from flowhook.store.models import Run, RunStatus
 from flowhook.store.wakeup import Wakeup
 from flowhook.targets import guarded_connector
@@ -64,11 +64,11 @@ def redo_alone(exc: BaseException) -> bool:
 class Taker(Protocol):
     """What takes the deliveries a progress transaction queues (the webhook dispatcher)."""
 
-    def handoff(self) -> webhooks_store.Handoff | None: ...
+    def handoff(self) -> Handoff | None: ...
 
-    def adopt(self, handoff: webhooks_store.Handoff) -> None: ...
+    def adopt(self, handoff: Handoff) -> None: ...
 
-    def drop(self, handoff: webhooks_store.Handoff) -> None: ...
+    def drop(self, handoff: Handoff) -> None: ...
 
 
 def new_owner_id() -> str:
@@ -164,8 +164,7 @@ class Worker(Consumer):
         async def write(conn: AsyncConnection) -> list[bool]:
             if handoff is not None:
                 handoff.reset()  # a try that rolled back took nothing
-                conn.info["tx"][webhooks_store.HANDOFF] = handoff
-            return await runs_store.apply_progress(conn, batch, owner=self.owner)
+            return await runs_store.apply_progress(conn, batch, owner=self.owner, handoff=handoff)
 
         if taker is None or handoff is None:
             return await self.db.retrying(write)

@@ -24,7 +24,7 @@ from flowhook.store.db import Database
 from flowhook.store.models import Event, Run, RunStatus, RunStep, StepStatus
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["RunWriter", "ended_event"]
 

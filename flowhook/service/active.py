@@ -17,12 +17,10 @@ import contextlib
 import logging
 import time
 
-from sqlalchemy import func, select, text
-
 from flowhook.errors import RateLimited, StoreUnavailable
 from flowhook.service.auth import Principal
+from flowhook.store import control as control_store
 from flowhook.store.db import Database
-from flowhook.store.tables import runs
 
 __all__ = ["ActiveRuns"]
 
@@ -82,19 +80,10 @@ class ActiveRuns:
         workspaces = sorted({w for w, _ in scopes})
         if not workspaces:
             return {}
-        q = (
-            select(runs.c.workspace_id, runs.c.mode, func.count())
-            .where(
-                runs.c.workspace_id.in_(workspaces),
-                text("runs.root_run_id IS NULL"),  # ix_runs_overview's rows: no parts
-                runs.c.status.in_(("queued", "running")),
-            )
-            .group_by(runs.c.workspace_id, runs.c.mode)
-        )
         async with self._db.read() as conn:
-            rows = (await conn.execute(q)).all()
+            counted = await control_store.active_counts(conn, workspaces)
         wanted = set(scopes)
-        return {(w, str(m)): n for w, m, n in rows if (w, str(m)) in wanted}
+        return {scope: n for scope, n in counted.items() if scope in wanted}
 
     async def stop(self) -> None:
         if self._reading is not None:

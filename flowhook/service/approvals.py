@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.clock import Clock
 from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.ids import is_id
@@ -17,7 +15,7 @@ from flowhook.store import approvals as store
 from flowhook.store import runs as runs_store
 from flowhook.store import signals as signals_store
 from flowhook.store.approvals import Approval
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 
 __all__ = ["ApprovalService", "LinkView", "MAX_COMMENT"]
 
@@ -44,7 +42,7 @@ def _comment(comment: str | None) -> str | None:
     return comment or None
 
 
-async def _nested(conn: AsyncConnection, run_id: str, step_id: str) -> Approval | None:
+async def _nested(conn: Connection, run_id: str, step_id: str) -> Approval | None:
     """A request of step ``step_id`` inside the run's branches or items: the one waiting for
     a decision, else the latest (which answers that it was decided, or its part ended).
     When several wait (the step of a ``map``'s items), a key cannot say which item it
@@ -121,7 +119,7 @@ class ApprovalService:
             return await self._decide(conn, approval, approve, by, comment)
 
     async def _decide(
-        self, conn: AsyncConnection, approval: Approval, approve: bool, by: str, comment: str | None
+        self, conn: Connection, approval: Approval, approve: bool, by: str, comment: str | None
     ) -> Approval:
         now = self._clock.now()
         run = await runs_store.get_run_by_id(conn, approval.run_id)

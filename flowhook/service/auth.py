@@ -200,8 +200,8 @@ class RevocationWatch:
 
     async def start(self) -> None:
         self._seen = await self._marker()
-        if not self._db.is_sqlite:
-            dsn = self._db.url.replace("+asyncpg", "")
+        dsn = self._db.listen_dsn
+        if dsn is not None:
             self._listener = PgListener(dsn, {keys_store.KEYS_CHANNEL: self._wakeup})
             await self._listener.start()
         self._task = asyncio.create_task(self._watch(), name="flowhook-key-revocations")

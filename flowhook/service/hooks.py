@@ -24,11 +24,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
-import sqlalchemy.exc as sa_exc
 
 from flowhook import tracing
 from flowhook.clock import Clock
-from flowhook.errors import FlowhookError, InvalidInput, NotFound, Unauthenticated
+from flowhook.errors import Duplicate, FlowhookError, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import make_event
 from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
@@ -207,7 +206,7 @@ class HookService:
         accept = self._accept if hook.signal is None else self._send
         try:
             return await accept(hook, arrival, key)
-        except sa_exc.IntegrityError:
+        except Duplicate:
             # The same delivery id committed by a concurrent request first: answer as its copy.
             return await accept(hook, arrival, key)
 

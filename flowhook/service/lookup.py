@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.errors import NotFound
 from flowhook.ids import is_id
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 
 __all__ = ["find", "missing"]
 
@@ -27,7 +25,7 @@ async def find(
     what: str,
     prefix: str,
     item_id: str,
-    fetch: Callable[[AsyncConnection], Awaitable[T | None]],
+    fetch: Callable[[Connection], Awaitable[T | None]],
 ) -> T:
     """``fetch``'s row for ``item_id`` (an id with ``prefix``), read in one snapshot; raises
     :func:`missing` when there is none, without a query for an id of the wrong shape."""

@@ -9,9 +9,8 @@ from prometheus_client import Gauge
 from flowhook.config import Settings
 from flowhook.service import Services
 from flowhook.store import control as control_store
+from flowhook.store import delivery_reads, space
 from flowhook.store import runs as runs_store
-from flowhook.store import space
-from flowhook.store import webhooks as webhooks_store
 
 __all__ = [
     "refresh_gauges",
@@ -63,7 +62,7 @@ STREAMS_OPEN = Gauge(
 async def refresh_gauges(services: Services, *, streams_open: int = 0) -> None:
     STREAMS_OPEN.set(streams_open)
     async with services.db.read() as conn:
-        oldest = await webhooks_store.oldest_pending(conn)
+        oldest = await delivery_reads.oldest_pending(conn)
         depth, oldest_run = await runs_store.queue_depth(conn)
         held = await control_store.held_counts(conn)
         size = await space.storage(conn)

@@ -6,11 +6,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.errors import InvalidInput
 from flowhook.ids import is_id
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 
 __all__ = ["Page", "check_cursor", "listed", "page_of", "MAX_LIMIT"]
 
@@ -46,7 +44,7 @@ async def listed(
     *,
     limit: int,
     cursor: str | None,
-    fetch: Callable[[AsyncConnection, str | None, int], Awaitable[list[T]]],
+    fetch: Callable[[Connection, str | None, int], Awaitable[list[T]]],
     cursor_of: Callable[[T], str],
 ) -> Page[T]:
     """One page of a list, newest first: ``limit`` checked (1 to :data:`MAX_LIMIT`),

@@ -11,8 +11,8 @@
 
 On SQLite the WAL is checkpointed by SQLite itself, inside the commit that takes it past
 1,000 pages. A passive checkpoint on a thread after each batch was tried (2026-11-25) and
-taken out: pruning a million runs, it left some batches' commits taking 100–311 ms (12 ms
-at most without it) and stalled the pass's event loop for up to 325 ms (bench/README.md).
+taken out: pruning a million runs, it made some batches' commits many times slower and
+stalled the pass's event loop (figures: bench/README.md, "Figures moved from docstrings").
 
 Everything goes in short transactions (at most :data:`BATCH` runs, :data:`VACUUM_STEP` pages),
 with a pause after each as long as it took, so API writes waiting for the single SQLite writer
@@ -61,9 +61,10 @@ MIN_PAUSE = 0.002
 
 TARGET = 0.020
 """Seconds each of retention's transactions aims to hold the writer (see the module's
-docstring): a batch of :data:`BATCH` ordinary runs takes ~15 ms on SQLite, so it is cut only
-when its rows are many (runs with thousands of steps) or the disk is slow; the API's bound
-for a wait behind one is 50 ms."""
+docstring): a batch of :data:`BATCH` ordinary runs stays under it on SQLite, so it is cut
+only when its rows are many (runs with thousands of steps) or the disk is slow, and stays
+within the API's bound for a wait behind one (bench/README.md, "Figures moved from
+docstrings")."""
 
 
 def next_size(size: int, held: float, least: int, most: int) -> int:
@@ -116,7 +117,7 @@ class RetentionService:
     async def give_back(self) -> int:
         """SQLite with incremental auto-vacuum: give every free page back to the file
         system, :data:`VACUUM_STEP` at a time; how many went. Elsewhere nothing."""
-        if not self._db.is_sqlite:
+        if not self._db.driver.shrinks_its_file:
             return 0
         async with self._db.read() as conn:
             before = await space.storage(conn)
@@ -149,10 +150,11 @@ class RetentionService:
         return freed
 
     async def _batches(self, step: store.Step, most: int) -> int:
-        """``step`` over and over until one handles fewer rows than it was given; on SQLite
-        each batch sized by :func:`next_size`, the first an eighth of ``most`` (the rows of a
-        run are not known before it is deleted)."""
-        total, size = 0, max(1, most // 8) if self._db.is_sqlite else most
+        """``step`` over and over until one handles fewer rows than it was given; where
+        there is one writer (SQLite) each batch sized by :func:`next_size`, the first an
+        eighth of ``most`` (the rows of a run are not known before it is deleted)."""
+        one_writer = self._db.driver.one_writer
+        total, size = 0, max(1, most // 8) if one_writer else most
         while True:
             began = time.perf_counter()
             async with self._db.transaction() as conn:
@@ -162,6 +164,6 @@ class RetentionService:
             total += done
             if done < size:
                 return total
-            if self._db.is_sqlite:  # PostgreSQL's writers do not queue behind one another
+            if one_writer:  # elsewhere writers do not queue behind one another
                 size = next_size(size, now - held, 1, most)
             await asyncio.sleep(max(MIN_PAUSE, now - began))

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import sqlalchemy.exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook import tracing
 from flowhook.clock import Clock
@@ -24,17 +21,21 @@ from flowhook.definition.control import (
     debounce_open,
 )
 from flowhook.definition.schema import NESTING
-from flowhook.errors import (
-    Conflict,
-    IdempotencyConflict,
-    InvalidInput,
-    StoreUnavailable,
-)
+from flowhook.errors import Conflict, Duplicate, IdempotencyConflict, InvalidInput, StoreUnavailable
 from flowhook.events import cancelled_event, run_duration_ms
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
 from flowhook.service.active import ActiveRuns
 from flowhook.service.auth import Principal
+from flowhook.service.idempotency import (
+    Keyed,
+    body_hash,
+    check_key,
+    keyed_earlier,
+    keyed_runs,
+    request_hash,
+    within_window,
+)
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
@@ -45,8 +46,8 @@ from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store import trees as trees_store
-from flowhook.store.db import Database
-from flowhook.store.models import Event, Flow, Mode, Run, RunStatus
+from flowhook.store.db import Connection, Database
+from flowhook.store.models import Event, Flow, Run, RunStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.trees import TreeCancel
 from flowhook.store.wakeup import Wakeup
@@ -54,19 +55,17 @@ from flowhook.store.wakeup import Wakeup
 if TYPE_CHECKING:
     from flowhook.service.streams import EventHub
 
-__all__ = ["RunService", "Started", "TRIGGERS", "IDEMPOTENCY_WINDOW"]
+__all__ = ["RunService", "Started", "TRIGGERS"]
 
 TRIGGERS = ("api",)
 """Triggers a caller may name; ``webhook`` and ``schedule`` are set by the service itself."""
 
-IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_WAIT = 60.0
 LONG_POLL_INTERVAL = 0.1
 """Seconds between a long poll's reads of its run when no event hub wakes it."""
 LONG_POLL_FALLBACK = 1.0
 """Seconds a long poll woken by the event hub waits at most between reads (a wake-up lost
 with a hub's failed read costs that much)."""
-MAX_IDEMPOTENCY_KEY = 255
 PLANNED_TABLES = ("runs",)
 """Tables whose statistics PostgreSQL plans the accept path with: gathered as the runs this
 process accepts grow (see :class:`StatisticsKeeper`)."""
@@ -82,62 +81,6 @@ class Started:
 def _worth_retrying_alone(exc: BaseException) -> bool:
     """A failed batch is redone request by request, unless the store itself is down."""
     return isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
-
-
-def request_hash(flow_id: str, trigger: str, payload: dict[str, Any]) -> str:
-    body = {"flow_id": flow_id, "trigger": trigger, "payload": payload}
-    return _digest(body)
-
-
-def _digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _check_key(key: str | None) -> None:
-    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY:
-        raise InvalidInput(
-            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters",
-            field="Idempotency-Key",
-        )
-
-
-_Keyed = tuple[str, Mode, str]
-"""An Idempotency-Key in its scope: workspace, mode, key."""
-
-
-async def _keyed_runs(
-    conn: AsyncConnection, keys: Iterable[_Keyed]
-) -> dict[_Keyed, tuple[Run, str | None] | None]:
-    """The runs that earlier requests started with ``keys``, with their requests' hashes,
-    read in one statement per workspace and mode (a batch of accepts has one); a key no
-    run holds is left out."""
-    scopes: dict[tuple[str, Mode], set[str]] = {}
-    for workspace_id, mode, key in keys:
-        scopes.setdefault((workspace_id, mode), set()).add(key)
-    found: dict[_Keyed, tuple[Run, str | None] | None] = {}
-    for (workspace_id, mode), scope in scopes.items():
-        runs = await runs_store.find_by_idempotency_keys(conn, workspace_id, mode, scope)
-        found.update(((workspace_id, mode, key), seen) for key, seen in runs.items())
-    return found
-
-
-async def _within_window(
-    conn: AsyncConnection, seen: tuple[Run, str | None] | None, now: datetime
-) -> tuple[Run, str | None] | None:
-    """``seen`` (a run an Idempotency-Key started) while the key is within its window; a
-    key older than that is forgotten here."""
-    if seen is not None and seen[0].queued_at <= now - IDEMPOTENCY_WINDOW:
-        await runs_store.release_idempotency_key(conn, seen[0].run_id)
-        return None
-    return seen
-
-
-async def _keyed_earlier(
-    conn: AsyncConnection, who: Principal, key: str, now: datetime
-) -> tuple[Run, str | None] | None:
-    """The run an Idempotency-Key started within its window, with its request's hash."""
-    scoped = (who.workspace_id, who.mode, key)
-    return await _within_window(conn, (await _keyed_runs(conn, [scoped])).get(scoped), now)
 
 
 def _replayed(seen: tuple[Run, str | None], digest: str | None) -> Started | IdempotencyConflict:
@@ -222,7 +165,7 @@ class RunService:
             )
         if not flow_id.startswith("wf_") or len(flow_id) > 40 or not flow_id.isprintable():
             raise InvalidInput(f"flow_id must look like wf_…, not {flow_id!r}", field="flow_id")
-        _check_key(idempotency_key)
+        check_key(idempotency_key)
         encoded = encode_json(payload, "payload", finite=parsed_by_orjson)
         digest = request_hash(flow_id, trigger, payload) if idempotency_key else None
         if priority is not None:
@@ -253,13 +196,13 @@ class RunService:
     async def _commit_starts(self, batch: Sequence[_StartRequest]) -> list[Started | BaseException]:
         flows: dict[tuple[str, str, str], Flow | None] = {}
         try:
-            if self._db.dialect == "postgresql" and all(r.key is None for r in batch):
+            if self._db.autocommits_statements and all(r.key is None for r in batch):
                 started = await self._start_at_once(batch, flows)
                 if started is not None:
                     return started
             async with self._db.transaction() as conn:  # the flows already read: as good
                 return await self._start_many(conn, batch, flows)
-        except sa_exc.IntegrityError:
+        except Duplicate:
             # Another process committed the same Idempotency-Key first: redo one by one, so
             # each request answers as that key now dictates.
             results: list[Started | BaseException] = []
@@ -267,7 +210,7 @@ class RunService:
                 try:
                     async with self._db.transaction() as conn:
                         [result] = await self._start_many(conn, [request])
-                except sa_exc.IntegrityError:
+                except Duplicate:
                     async with self._db.transaction() as conn:
                         [result] = await self._start_many(conn, [request])
                 results.append(result)
@@ -276,8 +219,9 @@ class RunService:
     async def _start_at_once(
         self, batch: Sequence[_StartRequest], flows: dict[tuple[str, str, str], Flow | None]
     ) -> list[Started | BaseException] | None:
-        """PostgreSQL, a batch without an Idempotency-Key: its flows read (into ``flows``),
-        then its runs and the workers' ``NOTIFY`` written as one statement
+        """Where :meth:`Database.statement` autocommits (PostgreSQL), a batch without an
+        Idempotency-Key: its flows read (into ``flows``), then its runs and the workers'
+        ``NOTIFY`` written as one statement
         (:func:`runs_store.insert_runs` with ``alone``), in autocommit: two round trips where
         a transaction took five (``BEGIN``, the flow, the runs, ``NOTIFY``, ``COMMIT``). One
         statement is atomic on its own, and the flows' read takes the snapshot it took in the
@@ -293,7 +237,7 @@ class RunService:
 
     @staticmethod
     async def _flow_of(
-        conn: AsyncConnection, req: _StartRequest, flows: dict[tuple[str, str, str], Flow | None]
+        conn: Connection, req: _StartRequest, flows: dict[tuple[str, str, str], Flow | None]
     ) -> Flow | None:
         """The flow ``req`` executes, read once per batch (``flows``)."""
         who = req.who
@@ -304,7 +248,7 @@ class RunService:
 
     async def _start_many(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         batch: Sequence[_StartRequest],
         flows: dict[tuple[str, str, str], Flow | None] | None = None,
         *,
@@ -317,9 +261,9 @@ class RunService:
         rows: list[tuple[Run, str | None, str | None]] = []
         encoded: list[orjson.Fragment] = []
         flows = {} if flows is None else flows
-        keyed: dict[_Keyed, tuple[Run, str | None]] = {}
+        keyed: dict[Keyed, tuple[Run, str | None]] = {}
         """Runs this batch queues with an Idempotency-Key (a later request repeats one)."""
-        earlier = await _keyed_runs(
+        earlier = await keyed_runs(
             conn, [(r.who.workspace_id, r.who.mode, r.key) for r in batch if r.key is not None]
         )
         debounced: dict[tuple[str, str], tuple[Run, int]] = {}
@@ -330,7 +274,7 @@ class RunService:
                 scoped = (who.workspace_id, who.mode, req.key)
                 seen = keyed.get(scoped)
                 if seen is None and earlier.get(scoped) is not None:  # forgotten: None
-                    seen = earlier[scoped] = await _within_window(conn, earlier[scoped], now)
+                    seen = earlier[scoped] = await within_window(conn, earlier[scoped], now)
                 if seen is not None:
                     results.append(_replayed(seen, req.digest))
                     continue
@@ -398,7 +342,7 @@ class RunService:
 
     async def _join(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         flow: Flow,
         control: FlowControl,
         key: str,
@@ -445,14 +389,14 @@ class RunService:
         if not is_id(run_id, "run"):
             raise missing("run", run_id)
         version = parse_version(flow_version)
-        _check_key(idempotency_key)
+        check_key(idempotency_key)
         encoded = None if payload is None else encode_json(payload, "payload")
         request = {"rerun_of": run_id, "from_step": from_step, "flow_version": version}
-        digest = _digest({**request, "payload": payload}) if idempotency_key else None
+        digest = body_hash({**request, "payload": payload}) if idempotency_key else None
         now = self._clock.now()
         async with self._db.transaction() as conn:
             if idempotency_key is not None:
-                seen = await _keyed_earlier(conn, who, idempotency_key, now)
+                seen = await keyed_earlier(conn, who, idempotency_key, now)
                 if seen is not None:
                     answer = _replayed(seen, digest)
                     if isinstance(answer, IdempotencyConflict):
@@ -509,7 +453,7 @@ class RunService:
         run.throttle_key = keys.throttle_key
 
     async def _rerun_version(
-        self, conn: AsyncConnection, who: Principal, original: Run, version: int | str | None
+        self, conn: Connection, who: Principal, original: Run, version: int | str | None
     ) -> Flow:
         """The flow at the version a rerun of ``original`` runs (its current definition when
         ``"latest"``); 404 when the flow is gone, 400 when the version does not exist."""
@@ -588,7 +532,7 @@ class RunService:
         page before."""
         await self.get(who, run_id, nested=False)
 
-        async def fetch(conn: AsyncConnection, after: str | None, n: int) -> list[Event]:
+        async def fetch(conn: Connection, after: str | None, n: int) -> list[Event]:
             return await events_store.list_events_for_run(conn, run_id, after=after, limit=n)
 
         return await listed(
@@ -689,7 +633,7 @@ class RunService:
         return run, tree
 
     async def _cancel_unleased(
-        self, conn: AsyncConnection, who: Principal, run: Run, now: datetime
+        self, conn: Connection, who: Principal, run: Run, now: datetime
     ) -> bool:
         """End ``run`` cancelled if no worker holds it and it has not moved since read."""
         return await runs_store.cancel_unleased(
@@ -697,7 +641,7 @@ class RunService:
             duration_ms=run_duration_ms(run, now), steps_executed=run.steps_executed,
         )  # fmt: skip
 
-    async def _unfinished(self, conn: AsyncConnection, who: Principal, run_id: str) -> Run:
+    async def _unfinished(self, conn: Connection, who: Principal, run_id: str) -> Run:
         """The run, which has not ended yet (else Conflict)."""
         run = await runs_store.get_run(conn, who.workspace_id, who.mode, run_id)
         if run is None:

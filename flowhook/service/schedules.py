@@ -14,11 +14,9 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-import sqlalchemy.exc as sa_exc
-
 from flowhook.clock import Clock
 from flowhook.cron import check_cron, check_timezone, next_tick, shortest_gap
-from flowhook.errors import InvalidInput
+from flowhook.errors import Duplicate, InvalidInput
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
@@ -134,7 +132,7 @@ class ScheduleService:
             due = await store.due_schedules(conn, now)
         started = 0
         for s in due:
-            with contextlib.suppress(sa_exc.IntegrityError):  # another process started it
+            with contextlib.suppress(Duplicate):  # another process started it
                 started += await self._fire(s, now)
         return started
 

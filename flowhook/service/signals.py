@@ -7,18 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy.exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.clock import Clock
-from flowhook.errors import Conflict, InvalidInput
+from flowhook.errors import Conflict, Duplicate, InvalidInput
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.store import runs as runs_store
 from flowhook.store import signals as signals_store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.signals import Signal
 
 __all__ = ["SignalService", "Sent", "MAX_NAME", "MAX_ID", "check_name", "store_signal"]
@@ -45,7 +42,7 @@ def check_name(name: Any, field: str = "name") -> None:
         )
 
 
-async def store_signal(conn: AsyncConnection, signal: Signal) -> Sent:
+async def store_signal(conn: Connection, signal: Signal) -> Sent:
     """In the caller's write transaction: store ``signal`` and resume the ``wait`` steps it
     matches; a ``dedup_key`` used before answers the first signal and does nothing."""
     await signals_store.lock_name(conn, signal.workspace_id, signal.mode, signal.name)
@@ -96,7 +93,7 @@ class SignalService:
         )  # fmt: skip
         try:
             return await self._send(who, signal)
-        except sa_exc.IntegrityError:  # the same id, sent with another name at the same time
+        except Duplicate:  # the same id, sent with another name at the same time
             return await self._send(who, signal)
 
     async def _send(self, who: Principal, signal: Signal) -> Sent:

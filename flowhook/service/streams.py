@@ -269,10 +269,11 @@ class EventHub:
 
     async def start(self) -> None:
         self.closing = False
-        if self._db.is_sqlite:
+        dsn = self._db.listen_dsn
+        if dsn is None:
             self._db.on_events = self.announce
         else:  # NOTIFY tells this process too: the in-process signal would double the reads
-            self._listener = _Announcements(self._db.url.replace("+asyncpg", ""), self.announce)
+            self._listener = _Announcements(dsn, self.announce)
             await self._listener.start()
         self._task = asyncio.create_task(self._run(), name="flowhook-event-hub")
 

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook.clock import Clock
 from flowhook.config import Settings, parse_duration
 from flowhook.errors import Conflict, InvalidInput
@@ -17,10 +15,12 @@ from flowhook.service.auth import Principal
 from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, listed
 from flowhook.signing import new_secret
+from flowhook.store import deliveries as deliveries_store
+from flowhook.store import delivery_reads
+from flowhook.store import endpoints as endpoints_store
 from flowhook.store import events as events_store
 from flowhook.store import retention as retention_store
-from flowhook.store import webhooks as store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.models import Delivery, DeliveryStatus, Endpoint, Event, Mode
 from flowhook.targets import TargetRefused, check_url
 
@@ -102,13 +102,15 @@ class WebhookService:
             filter_flow_ids=_check_flow_ids(filter),
         )
         async with self._db.transaction() as conn:
-            await store.insert_endpoint(conn, endpoint)
+            await endpoints_store.insert_endpoint(conn, endpoint)
         return endpoint
 
     async def get_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
         endpoint = await find(
             self._db, "endpoint", "ep", endpoint_id,
-            lambda conn: store.get_endpoint(conn, endpoint_id, who.workspace_id, who.mode),
+            lambda conn: endpoints_store.get_endpoint(
+                conn, endpoint_id, who.workspace_id, who.mode
+            ),
         )  # fmt: skip
         return self._current(endpoint)
 
@@ -125,7 +127,7 @@ class WebhookService:
     ) -> Page[Endpoint]:
         found = await listed(
             self._db, "ep", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
-            fetch=lambda conn, after, n: store.list_endpoints(
+            fetch=lambda conn, after, n: endpoints_store.list_endpoints(
                 conn, who.workspace_id, who.mode, limit=n, after=after
             ),
         )  # fmt: skip
@@ -148,7 +150,7 @@ class WebhookService:
                 endpoint.disabled_reason = None
                 endpoint.failing_since = None
             endpoint.enabled = bool(changes["enabled"])
-        was_fifo = endpoint.ordering == store.FIFO
+        was_fifo = endpoint.ordering == deliveries_store.FIFO
         if "rate_limit" in changes:  # null clears it
             endpoint.rate_limit = _check_rate(changes["rate_limit"])
         if "ordering" in changes:
@@ -159,14 +161,18 @@ class WebhookService:
             endpoint.filter_flow_ids = _check_flow_ids(flow_ids)
         endpoint.updated_at = now = self._clock.now()
         async with self._db.transaction() as conn:
-            await store.update_endpoint(conn, endpoint, events_changed=events_changed)
-            if was_fifo and endpoint.ordering != store.FIFO:  # what it held back goes now
-                await store.release_all(conn, endpoint.id, now)
+            await endpoints_store.update_endpoint(conn, endpoint, events_changed=events_changed)
+            if (
+                was_fifo and endpoint.ordering != deliveries_store.FIFO
+            ):  # what it held back goes now
+                await deliveries_store.release_all(conn, endpoint.id, now)
         return endpoint
 
     async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
         async with self._db.transaction() as conn:
-            if not await store.delete_endpoint(conn, who.workspace_id, who.mode, endpoint_id):
+            if not await endpoints_store.delete_endpoint(
+                conn, who.workspace_id, who.mode, endpoint_id
+            ):
                 raise missing("endpoint", endpoint_id)
 
     async def rotate_secret(
@@ -192,7 +198,7 @@ class WebhookService:
         endpoint.secret = new_secret()
         endpoint.updated_at = now
         async with self._db.transaction() as conn:
-            await store.update_endpoint(conn, endpoint, events_changed=False)
+            await endpoints_store.update_endpoint(conn, endpoint, events_changed=False)
         return endpoint
 
     async def promote_secret(self, who: Principal, endpoint_id: str) -> Endpoint:
@@ -202,7 +208,7 @@ class WebhookService:
         endpoint.previous_secret_expires_at = None
         endpoint.updated_at = self._clock.now()
         async with self._db.transaction() as conn:
-            await store.update_endpoint(conn, endpoint, events_changed=False)
+            await endpoints_store.update_endpoint(conn, endpoint, events_changed=False)
         return endpoint
 
     async def send_test(self, who: Principal, endpoint_id: str) -> Event:
@@ -223,7 +229,7 @@ class WebhookService:
 
     async def failed_count(self, who: Principal, endpoint: Endpoint) -> int:
         async with self._db.read() as conn:
-            found = await store.failed_deliveries_between(
+            found = await delivery_reads.failed_deliveries_between(
                 conn, endpoint.id, endpoint.created_at, self._clock.now()
             )
         return len(found)
@@ -231,7 +237,7 @@ class WebhookService:
     async def health(self, who: Principal, endpoints: list[Endpoint]) -> dict[str, dict[str, int]]:
         """Deliveries of the last 24 h per endpoint and status."""
         async with self._db.read() as conn:
-            return await store.endpoint_stats(
+            return await delivery_reads.endpoint_stats(
                 conn, [e.id for e in endpoints], self._clock.now() - timedelta(hours=24)
             )
 
@@ -258,7 +264,7 @@ class WebhookService:
                 ) from None
         return await listed(
             self._db, "dlv", limit=limit, cursor=cursor, cursor_of=lambda row: row.id,
-            fetch=lambda conn, after, n: store.list_deliveries(
+            fetch=lambda conn, after, n: delivery_reads.list_deliveries(
                 conn, who.workspace_id, who.mode, limit=n, after=after, status=wanted,
                 endpoint_id=endpoint_id or None, event_type=event or None, run_id=run_id or None,
             ),
@@ -267,8 +273,10 @@ class WebhookService:
     async def get_delivery(self, who: Principal, delivery_id: str) -> tuple[Delivery, Event | None]:
         """The delivery and its event, read in one snapshot."""
 
-        async def fetch(conn: AsyncConnection) -> tuple[Delivery, Event | None] | None:
-            delivery = await store.get_delivery(conn, who.workspace_id, who.mode, delivery_id)
+        async def fetch(conn: Connection) -> tuple[Delivery, Event | None] | None:
+            delivery = await delivery_reads.get_delivery(
+                conn, who.workspace_id, who.mode, delivery_id
+            )
             if delivery is None:
                 return None
             ws, mode = who.workspace_id, who.mode
@@ -290,9 +298,13 @@ class WebhookService:
 
     async def _replay(self, conn: Any, original: Delivery) -> Delivery:
         copy = original.replayed(new_id("dlv"), self._clock.now())
-        endpoint = await store.get_endpoint(conn, original.endpoint_id)
-        fifo = [endpoint.id] if endpoint is not None and endpoint.ordering == store.FIFO else []
-        await store.insert_deliveries(conn, [copy], fifo=fifo)  # behind the ones in hand
+        endpoint = await endpoints_store.get_endpoint(conn, original.endpoint_id)
+        fifo = (
+            [endpoint.id]
+            if endpoint is not None and endpoint.ordering == deliveries_store.FIFO
+            else []
+        )
+        await deliveries_store.insert_deliveries(conn, [copy], fifo=fifo)  # behind the ones in hand
         return copy
 
     async def recover(
@@ -323,10 +335,10 @@ class WebhookService:
         while looked < limit:
             want = min(RECOVER_BATCH, limit - looked)
             async with self._db.transaction() as conn:
-                failed = await store.failed_deliveries_between(
+                failed = await delivery_reads.failed_deliveries_between(
                     conn, endpoint.id, since, until, after=after, limit=want
                 )
-                handled = await store.events_in_hand(
+                handled = await delivery_reads.events_in_hand(
                     conn, endpoint.id, {d.event_id for d in failed}
                 )
                 for delivery in failed:
@@ -380,7 +392,7 @@ def _check_rate(value: float | None) -> float | None:
 
 
 def _check_ordering(value: str | None) -> str | None:
-    if value not in (None, store.FIFO):
+    if value not in (None, deliveries_store.FIFO):
         raise InvalidInput(f'ordering must be "fifo" or null, not {value!r}', field="ordering")
     return value
 

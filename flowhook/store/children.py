@@ -19,21 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.events import run_duration_ms
 from flowhook.store import bulk
+from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN, run_move
-from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
+from flowhook.store.models import Run, RunStatus, RunStep, StepStatus, run_duration_ms
 from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS, get_run_by_id
 from flowhook.store.tables import run_steps, runs
+from flowhook.store.types import HELD
+from flowhook.store.wakeup import wake_at_commit
 
 __all__ = [
-    "HELD",
     "lock_key",
     "lock_parent",
     "child_at",
@@ -49,10 +50,6 @@ __all__ = [
     "reached_branch_steps",
 ]
 
-HELD = datetime(9999, 1, 1, tzinfo=UTC)
-"""When a ``map`` item past the step's ``concurrency`` becomes claimable: never, until an
-item before it ends and releases it."""
-
 
 def lock_key(parent_run_id: str) -> str:
     """The key :func:`lock_parent` locks, to sort by among a group write's locks."""
@@ -62,9 +59,7 @@ def lock_key(parent_run_id: str) -> str:
 async def lock_parent(conn: AsyncConnection, parent_run_id: str) -> None:
     """Serialise a parent's look at its children with their ends (in the write transaction
     that does either)."""
-    if conn.dialect.name == "postgresql":
-        key = func.hashtextextended(f"flowhook.{lock_key(parent_run_id)}", 0)
-        await conn.execute(select(func.pg_advisory_xact_lock(key)))
+    await driver_of(conn).lock(conn, f"flowhook.{lock_key(parent_run_id)}")
 
 
 async def child_at(conn: AsyncConnection, parent_run_id: str, parent_idx: int) -> Run | None:
@@ -89,9 +84,7 @@ async def wake_parent(conn: AsyncConnection, parent_run_id: str, now: datetime) 
         .where(runs.c.run_id == parent_run_id, text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
         .values(available_at=now, due_at=now)
     )
-    conn.info.setdefault("wake", set()).add("runs")
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
 
 
 UNLEASED = (
@@ -165,7 +158,8 @@ async def children_of(conn: AsyncConnection, run_id: str) -> dict[int, Run]:
 
 async def insert_parts(conn: AsyncConnection, parts: Sequence[Run], *, released: int) -> None:
     """Queue the parts of a ``parallel`` or ``map`` step (in branch or item order); the first
-    ``released`` are claimable now, the others wait for one before them to end."""
+    ``released`` are claimable now, the others wait for one before them to end (due never,
+    :data:`~flowhook.store.types.HELD`)."""
     rows = []
     for i, part in enumerate(parts):
         row = part.to_row()
@@ -174,9 +168,7 @@ async def insert_parts(conn: AsyncConnection, parts: Sequence[Run], *, released:
         rows.append(row)
     for start in range(0, len(rows), 500):
         await bulk.insert(conn, runs, rows[start : start + 500])
-    conn.info.setdefault("wake", set()).add("runs")
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
 
 
 async def parts_at(conn: AsyncConnection, parent_run_id: str, parent_idx: int) -> list[Run]:
@@ -226,9 +218,7 @@ async def part_ended(conn: AsyncConnection, part: Run, status: RunStatus, now: d
         where = {"parent": part.parent_run_id, "idx": part.parent_idx, "me": part.run_id}
         released = await conn.execute(_RELEASE_NEXT, {**where, "held_until": HELD, "now_": now})
         if released.rowcount:
-            conn.info.setdefault("wake", set()).add("runs")
-            if conn.dialect.name == "postgresql":
-                await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+            await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
             return
         if (await conn.execute(_ANOTHER_GOING, where)).first() is not None:
             return  # another part is still going: the last one wakes the run

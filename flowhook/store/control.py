@@ -1,18 +1,19 @@
 """Flow control in the store: concurrency slots per key, throttle reservations, debounced
 runs, and runs held back until their turn.
 
-**Concurrency.** A run of a flow with ``concurrency`` takes a *slot* of its key when a worker
-admits it (``concurrency_slot`` is set in the write that starts it) and holds it until it
-ends, through any wait, delay or sub-flow: "one sync per customer at a time" means the
-second does not start while the first is ``running``. A run that finds every slot taken is
-*held*: ``held = 'concurrency'``, due never (:data:`HELD`), no lease, no worker, in no index
-a claim reads. A run that ends gives its slot to the oldest held run of its key (the highest
-priority first) in the same write, and that run becomes due at once, already holding the
-slot. Admission and the end are serialised per flow and key (a transaction-level advisory
-lock on PostgreSQL, taken before any ``runs`` row; SQLite has one writer), so a held run is
-never left behind a free slot: either the admission sees the end, or the end sees the held
-run. Counting slots reads ``ix_runs_slots``, giving them away ``ix_runs_held``: a busy key
-costs its own rows, never a scan of the queue, and never delays another key or flow.
+**Concurrency.** A run of a flow with ``concurrency`` takes a *slot* of its key when a
+worker admits it (``concurrency_slot`` is set in the write that starts it) and holds it
+until it ends, through any wait, delay or sub-flow: "one sync per customer at a time" means
+the second does not start while the first is ``running``. A run that finds every slot taken
+is *held*: ``held = 'concurrency'``, due never (:data:`~flowhook.store.types.HELD`), no
+lease, no worker, in no index a claim reads. A run that ends gives its slot to the oldest
+held run of its key (the highest priority first) in the same write, and that run becomes due
+at once, already holding the slot. Admission and the end are serialised per flow and key (a
+transaction-level advisory lock where the backend needs one, taken before any ``runs`` row),
+so a held run is never left behind a free slot: either the admission sees the end, or the
+end sees the held run. Counting slots reads ``ix_runs_slots``, giving them away
+``ix_runs_held``: a busy key costs its own rows, never a scan of the queue, and never delays
+another key or flow.
 
 **Throttle.** An admitted run reserves its start: at once while fewer than ``limit`` starts
 were reserved for its key within a period, else one period after the ``limit``-th latest
@@ -30,7 +31,7 @@ guarded UPDATE: once a worker claimed the run, the next execute starts another.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,10 +39,13 @@ import orjson
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.store.children import HELD
-from flowhook.store.models import Run, RunStatus
+from flowhook.store.driver import driver_of
+from flowhook.store.guards import ACTIVE_RUN, held_is
+from flowhook.store.models import Held, Run, RunStatus
 from flowhook.store.runs import NOTIFY_CHANNEL, RUN_COLUMNS
 from flowhook.store.tables import runs
+from flowhook.store.types import HELD
+from flowhook.store.wakeup import wake_at_commit
 
 __all__ = [
     "CONCURRENCY",
@@ -58,12 +62,13 @@ __all__ = [
     "joinable",
     "join",
     "held_counts",
+    "active_counts",
 ]
 
-CONCURRENCY = "concurrency"
-THROTTLE = "throttle"
-DEBOUNCE = "debounce"
-_ACTIVE = text("runs.status IN ('queued', 'running')")
+CONCURRENCY = Held.CONCURRENCY
+THROTTLE = Held.THROTTLE
+DEBOUNCE = Held.DEBOUNCE
+_ACTIVE = text(ACTIVE_RUN)
 
 
 def lock_key(kind: str, flow_id: str, key: str) -> str:
@@ -74,19 +79,11 @@ def lock_key(kind: str, flow_id: str, key: str) -> str:
 async def lock(conn: AsyncConnection, kind: str, flow_id: str, key: str) -> None:
     """Serialise the admissions and ends of one flow and key (in the write transaction that
     does either; before any ``runs`` row is locked)."""
-    if conn.dialect.name == "postgresql":
-        name = func.hashtextextended(f"flowhook.{lock_key(kind, flow_id, key)}", 0)
-        await conn.execute(select(func.pg_advisory_xact_lock(name)))
-
-
-def _wake(conn: AsyncConnection) -> None:
-    conn.info.setdefault("wake", set()).add("runs")
+    await driver_of(conn).lock(conn, f"flowhook.{lock_key(kind, flow_id, key)}")
 
 
 async def _notify(conn: AsyncConnection) -> None:
-    _wake(conn)
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
 
 
 async def slots_taken(conn: AsyncConnection, flow_id: str, key: str) -> tuple[int, bool]:
@@ -107,7 +104,7 @@ async def slots_taken(conn: AsyncConnection, flow_id: str, key: str) -> tuple[in
         .where(
             runs.c.flow_id == flow_id,
             runs.c.concurrency_key == key,
-            text("runs.held = 'concurrency'"),
+            text(held_is(Held.CONCURRENCY, "runs")),
             runs.c.status == str(RunStatus.QUEUED),
         )
         .exists()
@@ -129,9 +126,7 @@ async def hold(
     ``None``) or until ``until`` (a throttle's reserved start). The claim does not count as
     lost. ``False`` when ``owner`` no longer holds it."""
     due = HELD if until is None else until
-    claims = func.max(runs.c.claims - 1, 0) if conn.dialect.name == "sqlite" else (
-        func.greatest(runs.c.claims - 1, 0)
-    )  # fmt: skip
+    claims = driver_of(conn).greatest(runs.c.claims - 1, 0)
     result = await conn.execute(
         update(runs)
         .where(runs.c.run_id == run_id, runs.c.lease_owner == owner, _ACTIVE)
@@ -162,7 +157,7 @@ async def give_slots(
         .where(
             runs.c.flow_id == flow_id,
             runs.c.concurrency_key == key,
-            text("runs.held = 'concurrency'"),
+            text(held_is(Held.CONCURRENCY, "runs")),
             runs.c.status == str(RunStatus.QUEUED),
         )
         .order_by(runs.c.priority.desc(), runs.c.run_id)
@@ -175,7 +170,7 @@ async def give_slots(
         return 0
     result = await conn.execute(
         update(runs)
-        .where(runs.c.run_id.in_(ids), text("runs.held = 'concurrency'"))
+        .where(runs.c.run_id.in_(ids), text(held_is(Held.CONCURRENCY, "runs")))
         .values(concurrency_slot=key, held=None, available_at=now, due_at=now)
     )
     if result.rowcount:
@@ -237,7 +232,7 @@ async def joinable(conn: AsyncConnection, flow_id: str, key: str) -> Run | None:
         .where(
             runs.c.flow_id == flow_id,
             runs.c.debounce_key == key,
-            text("runs.held = 'debounce'"),
+            text(held_is(Held.DEBOUNCE, "runs")),
             runs.c.lease_owner.is_(None),
             runs.c.status == str(RunStatus.QUEUED),
         )
@@ -255,7 +250,7 @@ async def join(conn: AsyncConnection, run_id: str, payload: orjson.Fragment, due
         update(runs)
         .where(
             runs.c.run_id == run_id,
-            text("runs.held = 'debounce'"),
+            text(held_is(Held.DEBOUNCE, "runs")),
             runs.c.lease_owner.is_(None),
             runs.c.status == str(RunStatus.QUEUED),
         )
@@ -276,3 +271,22 @@ async def held_counts(conn: AsyncConnection) -> dict[str, int]:
     )
     found = {str(reason): int(n) for reason, n in (await conn.execute(q)).all()}
     return {reason: found.get(reason, 0) for reason in (CONCURRENCY, THROTTLE, DEBOUNCE)}
+
+
+async def active_counts(
+    conn: AsyncConnection, workspace_ids: Sequence[str]
+) -> dict[tuple[str, str], int]:
+    """Queued and running top-level runs per (workspace, mode) of ``workspace_ids`` (the cap
+    on a workspace's unfinished runs, ``service/active.py``): ``ix_runs_overview``'s rows."""
+    if not workspace_ids:
+        return {}
+    q = (
+        select(runs.c.workspace_id, runs.c.mode, func.count())
+        .where(
+            runs.c.workspace_id.in_(list(workspace_ids)),
+            text("runs.root_run_id IS NULL"),  # ix_runs_overview's rows: no parts
+            runs.c.status.in_(("queued", "running")),
+        )
+        .group_by(runs.c.workspace_id, runs.c.mode)
+    )
+    return {(w, str(m)): int(n) for w, m, n in (await conn.execute(q)).all()}

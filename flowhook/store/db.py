@@ -19,7 +19,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
@@ -30,14 +30,19 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from flowhook.backoff import backoff
-from flowhook.config import async_database_url
-from flowhook.errors import InvalidInput, StoreUnavailable, WriteConflict
-from flowhook.store import bulk, sqlite_inline
+from flowhook.errors import Duplicate, InvalidInput, StoreUnavailable, WriteConflict
+from flowhook.store import sqlite_inline
 from flowhook.store.crypto import INFO_KEY, Keyring
+from flowhook.store.driver import Driver, driver_for_url
+from flowhook.store.pg_driver import pg_item_type
 from flowhook.store.tables import metadata
 from flowhook.store.wakeup import Broadcast, Wakeup
 
-__all__ = ["Database", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
+__all__ = ["Database", "Connection", "DuplicateRow", "CONFLICT_ATTEMPTS", "EVENTS_FLOOR"]
+
+Connection: TypeAlias = AsyncConnection
+"""A connection of a :class:`Database` (SQLAlchemy's): what the store's functions take.
+Callers above the store only pass it on, so they name it by this alias."""
 
 EVENTS_FLOOR = "events_floor"
 """In ``conn.info["tx"]``: the lowest event id the transaction wrote (``store.events``)."""
@@ -74,8 +79,9 @@ def _learn_array_types(engine: AsyncEngine) -> None:
     asyncpg knows PostgreSQL's scalar types but looks up an array type (its element, its
     delimiter) the first time a statement of the connection uses one, with a query of its
     own over ``pg_type``; the store's bulk writes pass every column as an array
-    (:func:`flowhook.store.bulk.unnested`). On a new connection the first claim and the
-    first progress of a run paid two such lookups, ~10 ms (``bench/idle_phases.py``).
+    (:func:`flowhook.store.pg_driver.unnested`). On a new connection the first claim and the
+    first progress of a run paid two such lookups (``bench/idle_phases.py``; figures in
+    bench/README.md, "Figures moved from docstrings").
 
     A failure here only costs the lookups later: a connection the server dropped meanwhile
     fails its first statement as a disconnect (:class:`~flowhook.errors.StoreUnavailable`),
@@ -95,11 +101,11 @@ def _learn_array_types(engine: AsyncEngine) -> None:
 @functools.cache
 def _array_types_query() -> str:
     """``SELECT NULL::<type>[], …`` for each column type of the store's tables, as the bulk
-    writes send them (:func:`flowhook.store.bulk.pg_item_type`)."""
+    writes send them (:func:`flowhook.store.pg_driver.pg_item_type`)."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     names = sorted(
         {
-            bulk.pg_item_type(column.type).compile(dialect=dialect)
+            pg_item_type(column.type).compile(dialect=dialect)
             for table in metadata.tables.values()
             for column in table.columns
         }
@@ -164,8 +170,10 @@ class Database:
         self.url = url
         self.keyring = Keyring(secret_key, url)
         """Seals and opens stored secrets; each connection carries it (``crypto.cipher``)."""
-        self.async_url = async_database_url(url)
-        self.is_sqlite = self.async_url.startswith("sqlite")
+        self.driver: Driver = driver_for_url(url)
+        """The backend's driver, chosen once: what differs between SQLite and PostgreSQL."""
+        self.async_url = self.driver.engine_url(url)
+        self.is_sqlite = self.driver.name == "sqlite"
         self.wakeups: dict[str, Wakeup] = {
             "runs": Wakeup(), "deliveries": Wakeup(), "tasks": Broadcast(),
         }  # fmt: skip
@@ -232,7 +240,23 @@ class Database:
 
     @property
     def dialect(self) -> str:
-        return "sqlite" if self.is_sqlite else "postgresql"
+        return self.driver.name
+
+    @property
+    def listen_dsn(self) -> str | None:
+        """The DSN a ``LISTEN`` connection opens to hear the ``NOTIFY`` of every process's
+        commits (:class:`~flowhook.store.wakeup.PgListener`); ``None`` where the backend
+        tells no other process (this process's wake-ups, and ``flowhook serve``'s peer
+        link, carry the news there)."""
+        if not self.driver.tells_other_processes:
+            return None
+        return self.url.replace("+asyncpg", "")
+
+    @property
+    def autocommits_statements(self) -> bool:
+        """Whether a :meth:`statement` block is a statement in autocommit, its own
+        transaction (else a write transaction, as :meth:`transaction`)."""
+        return self._autocommit_writes is not None
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         """A write transaction: committed when the block ends, rolled back on error. Queries
@@ -249,7 +273,7 @@ class Database:
         ``opened`` gives: its wake-ups and events' floor are fired once it has committed."""
         wake: set[str] = set()
         tx: dict[str, Any] = {}
-        async with _translated(), opened as conn:
+        async with _translated(self.driver), opened as conn:
             conn.info["wake"] = wake
             conn.info["tx"] = tx
             try:
@@ -291,10 +315,10 @@ class Database:
         On PostgreSQL these connections are a pool of their own whose prepared statements
         keep one generic plan (``plan_cache_mode = force_generic_plan``): the claims run
         many times a second with the same shape, and PostgreSQL, judging a plan for unknown
-        values dearer than the plans it makes for each call's own, planned each call anew:
-        ~0.5 ms of its CPU per run claim, ~2 ms for the turn-taking claim's statements, for
-        the same index reads (``tests/integration/test_pg_driver_path.py`` checks the
-        plans). The API's reads and transactions keep PostgreSQL's own choice."""
+        values dearer than the plans it makes for each call's own, planned each call anew
+        for the same index reads (bench/README.md, "Figures moved from docstrings";
+        ``tests/integration/test_pg_driver_path.py`` checks the plans). The API's reads and
+        transactions keep PostgreSQL's own choice."""
         if self._autocommit_writes is None:
             return self.transaction()
         return self._writing(self._autocommit_writes.connect())
@@ -307,10 +331,10 @@ class Database:
         ``COMMIT`` would only add two round trips to every read (the engine's and the
         dispatcher's due-time probes, the API's lookups)."""
         if self._autocommit_reads is None:  # begun at once: raw statements are inside it too
-            async with _translated(), self.reader.begin() as conn:
+            async with _translated(self.driver), self.reader.begin() as conn:
                 yield conn
         else:
-            async with _translated(), self._autocommit_reads.connect() as conn:
+            async with _translated(self.driver), self._autocommit_reads.connect() as conn:
                 yield conn
 
     async def ping(self) -> None:
@@ -338,7 +362,7 @@ class Database:
             return []
         done: list[str] = []
         try:
-            async with _translated(), self.writer.connect() as conn:
+            async with _translated(self.driver), self.writer.connect() as conn:
                 for table in tables:
                     if await conn.scalar(_NEEDS_STATISTICS, {"table": table}):
                         await conn.execute(text(f'ANALYZE "{table}"'))
@@ -406,16 +430,46 @@ def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bo
     return False
 
 
+class DuplicateRow(Duplicate, sa_exc.IntegrityError):  # type: ignore[misc]  # both have a `code`
+    """The driver's ``IntegrityError`` for a row a unique key refused, as the store raises
+    it: a :class:`~flowhook.errors.Duplicate` to the layers above, and still the
+    ``IntegrityError`` it was to code written against the driver (the store's own tests)."""
+
+    def __init__(self, exc: sa_exc.IntegrityError) -> None:
+        sa_exc.IntegrityError.__init__(
+            self,
+            exc.statement,
+            exc.params,
+            exc.orig if exc.orig is not None else exc,
+            exc.hide_parameters,
+            exc.connection_invalidated,
+            ismulti=exc.ismulti,
+        )
+        self.message = "a row with the same key was written first (by another request)"
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.orig}"
+
+
 @contextlib.asynccontextmanager
-async def _translated() -> AsyncIterator[None]:
+async def _translated(driver: Driver | None = None) -> AsyncIterator[None]:
     """A lost lock conflict (deadlock, serialization failure) becomes :class:`WriteConflict`,
-    which callers may retry; errors that mean "the database is not there" become
-    :class:`StoreUnavailable`; text
-    PostgreSQL cannot hold (the NUL character; SQLite keeps it) becomes :class:`InvalidInput`,
-    so odd input from outside answers 400 on both backends alike."""
+    which callers may retry; a row a unique key refused becomes :class:`DuplicateRow` (as
+    ``driver`` tells them apart: none without one); errors that mean "the database is not
+    there" become :class:`StoreUnavailable`; text PostgreSQL cannot hold (the NUL
+    character; SQLite keeps it) becomes :class:`InvalidInput`, so odd input from outside
+    answers 400 on both backends alike."""
     try:
         yield
+    except DuplicateRow:
+        raise
     except sa_exc.DBAPIError as exc:
+        if (
+            isinstance(exc, sa_exc.IntegrityError)
+            and driver is not None
+            and driver.is_duplicate(exc)
+        ):
+            raise DuplicateRow(exc) from exc
         if _caused_by(exc, _CONFLICT):
             state = getattr(exc.orig, "sqlstate", None) or "conflict"
             raise WriteConflict(f"the transaction lost a lock conflict ({state})") from exc

@@ -9,8 +9,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import new_id
 from flowhook.store import bulk
-from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import EVENTS_FLOOR
+from flowhook.store.deliveries import Handoff, Subscriber, insert_deliveries, subscribers
+from flowhook.store.driver import Insert
 from flowhook.store.models import Delivery, Event, Mode
 from flowhook.store.rows import owned, page
 from flowhook.store.tables import events, runs
@@ -34,38 +35,39 @@ transaction wrote, so a listener reads from there even when ids commit out of or
 
 
 async def insert_events(
-    conn: AsyncConnection, batch: Sequence[Event], *, to_endpoint: str | None = None
+    conn: AsyncConnection,
+    batch: Sequence[Event],
+    *,
+    to_endpoint: str | None = None,
+    handoff: Handoff | None = None,
 ) -> int:
     """Write events and, in the same transaction, one delivery per enabled endpoint of the
     event's workspace and mode that chose its type (the outbox's fan-out). A batch may mix
     workspaces and modes (the engine's group commit): one statement writes the events, one
     query per workspace and mode finds the subscribers, one statement queues the deliveries.
-    On PostgreSQL the events are written (and announced) by the first of those queries'
-    statement. Returns the number of deliveries queued."""
+    With compound writes the events are written (and announced) by the first of those
+    queries' statement. ``handoff``: a dispatcher of this process takes what it can of the
+    deliveries (:func:`~flowhook.store.deliveries.insert_deliveries`). Returns the number of
+    deliveries queued."""
     if not batch:
         return 0
     rows = [e.to_row() for e in batch]
     floor = min(e.id for e in batch)
-    announce = _announces(conn, floor)
-    written: bulk.Insert | None = None
-    if to_endpoint is None and conn.dialect.name == "postgresql":
-        # in the statement of the first subscribers' query: one round trip for the three
-        written = bulk.Insert(events, rows, EVENTS_CHANNEL if announce else None, floor)
-    elif announce:  # on PostgreSQL: one round trip for both
-        await bulk.insert_notifying(conn, events, rows, EVENTS_CHANNEL, floor)
-    else:
-        await bulk.insert(conn, events, rows)
+    channel = EVENTS_CHANNEL if _announces(conn, floor) else None
     if to_endpoint is not None:  # a test event: to that endpoint alone
+        await bulk.insert(conn, events, rows, channel=channel, notice=floor)
         queued = [Delivery.queued(new_id("dlv"), e, to_endpoint) for e in batch]
-        await webhooks_store.insert_deliveries(conn, queued)
+        await insert_deliveries(conn, queued, handoff=handoff)
         return len(queued)
-    targets: dict[tuple[str, Mode, str], list[webhooks_store.Subscriber]] = {}
+    # written with the first subscribers' query: one round trip for the three, where it can
+    written: Insert | None = Insert(events, rows, channel, floor)
+    targets: dict[tuple[str, Mode, str], list[Subscriber]] = {}
     tenants: dict[tuple[str, Mode], set[str]] = {}
     for e in batch:
         tenants.setdefault((e.workspace_id, e.mode), set()).add(e.type)
     for (workspace_id, mode), types in tenants.items():
-        found = await webhooks_store.subscribers(
-            conn, workspace_id, mode, sorted(types), written=written
+        found = await subscribers(
+            conn, workspace_id, mode, sorted(types), written=written, handoff=handoff
         )
         written = None  # written with the first query
         for sub in found:
@@ -79,21 +81,21 @@ async def insert_events(
         if sub.wants(e.flow_id)  # an endpoint's filter.flow_ids
     ]
     fifo = sorted({s.endpoint_id for subs in targets.values() for s in subs if s.fifo})
-    await webhooks_store.insert_deliveries(conn, queued, fifo=fifo)
+    await insert_deliveries(conn, queued, fifo=fifo, handoff=handoff)
     return len(queued)
 
 
 def _announces(conn: AsyncConnection, floor: str) -> bool:
     """Tell event streams at commit: this process's (``conn.info["tx"]``) at once; whether
-    other processes must be told too (PostgreSQL: a NOTIFY, delivered at commit, once per
-    transaction and lower floor)."""
+    other processes must be told too (a NOTIFY where the backend has them, delivered at
+    commit, once per transaction and lower floor)."""
     tx = conn.info.get("tx")
     if tx is not None:
         seen = tx.get(EVENTS_FLOOR)
         if seen is not None and seen <= floor:
             return False  # this transaction already announced an event at or below this one
         tx[EVENTS_FLOOR] = floor
-    return conn.dialect.name == "postgresql"
+    return True
 
 
 async def events_after(

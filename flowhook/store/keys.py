@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store.driver import driver_of
 from flowhook.store.models import ApiKey, Mode, Workspace
 from flowhook.store.rows import from_row
 from flowhook.store.tables import api_keys, workspaces
@@ -105,8 +106,8 @@ async def revoke_key(conn: AsyncConnection, key_id: str, now: datetime) -> ApiKe
         .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=now)
     )
-    if done.rowcount and conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {KEYS_CHANNEL}"))
+    if done.rowcount:
+        await driver_of(conn).notify(conn, KEYS_CHANNEL)
     row = (
         await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
     ).first()
@@ -145,5 +146,4 @@ async def revoked_among(conn: AsyncConnection, key_ids: set[str]) -> set[str]:
 async def announce_credentials(conn: AsyncConnection) -> None:
     """Tell every PostgreSQL process, at commit, that credentials ended (a session signed
     out); SQLite has one API process per file, told in memory."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {KEYS_CHANNEL}"))
+    await driver_of(conn).notify(conn, KEYS_CHANNEL)

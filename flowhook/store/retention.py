@@ -15,6 +15,7 @@ from sqlalchemy import delete, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import id_floor
+from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import DeliveryStatus, RunStatus
 from flowhook.store.tables import (
@@ -96,11 +97,11 @@ async def _plan_for_pruning(conn: AsyncConnection) -> None:
     first, so until vacuum comes the low end of every id and time index is dead entries, and
     PostgreSQL before 16 estimates a merge join by reading the join keys' actual lowest and
     highest index entries, walking every dead one: finding a run's deliveries through its
-    events (a semi-join) took ~135 ms to plan and ~4 ms to run after 450,000 runs were
-    pruned, more with every batch. The signals pass has a semi-join of the same kind. Their
-    best plan is a nested loop over the indexes anyway."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text("SET LOCAL enable_mergejoin = off"))
+    events (a semi-join) took far longer to plan than to run once many runs were pruned,
+    more with every batch (bench/README.md, "Figures moved from docstrings"). The signals
+    pass has a semi-join of the same kind. Their best plan is a nested loop over the indexes
+    anyway."""
+    await driver_of(conn).prefer_nested_loops(conn)
 
 
 async def prune_signals(conn: AsyncConnection, before: datetime, limit: int) -> int:

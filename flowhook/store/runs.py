@@ -23,7 +23,6 @@ import orjson
 from sqlalchemy import (
     Integer,
     and_,
-    any_,
     bindparam,
     func,
     literal_column,
@@ -34,11 +33,12 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
 from flowhook.store import events as events_store
+from flowhook.store.deliveries import Handoff
+from flowhook.store.driver import Attached, driver_named, driver_of
 from flowhook.store.guards import ACTIVE_RUN, run_move
 from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep
 from flowhook.store.rows import owned, page
@@ -138,31 +138,23 @@ async def insert_runs(
     *first, last = shapes.values()  # one statement per column set
     for rows in first:
         await bulk.insert(conn, runs, rows)
-    if conn.dialect.name == "postgresql":  # the last one and the workers' NOTIFY: one trip
-        await bulk.insert_notifying(conn, runs, last, NOTIFY_CHANNEL)
-    else:
-        await bulk.insert(conn, runs, last)
+    # the last one and the workers' NOTIFY: one statement, where other processes are told
+    await bulk.insert(conn, runs, last, channel=NOTIFY_CHANNEL)
     conn.info.setdefault("wake", set()).add("runs")
 
 
 @cache
 def _by_idempotency_keys(dialect: str) -> Any:
     """The runs some Idempotency-Keys started in one workspace's mode: one statement, built
-    once, whatever the number of keys. PostgreSQL takes the keys as one array (``= ANY``:
-    one prepared text, where an ``IN`` list would be one per length); SQLite as an ``IN``
-    list. ``IS NOT NULL`` names the unique index's own condition, so either planner sees
-    that the partial index answers it."""
+    once, whatever the number of keys (one prepared text where the driver takes the keys as
+    one array, :meth:`~flowhook.store.driver.Driver.one_of`). ``IS NOT NULL`` names the
+    unique index's own condition, so either planner sees that the partial index answers it."""
     key = runs.c.idempotency_key
-    if dialect == "postgresql":
-        item = bulk.pg_item_type(key.type)
-        matches = key == any_(bindparam("keys", type_=postgresql.ARRAY(item, dimensions=1)))
-    else:
-        matches = key.in_(bindparam("keys", expanding=True))
     return select(*RUN_COLUMNS, key, runs.c.request_hash).where(
         runs.c.workspace_id == bindparam("workspace_id"),
         runs.c.mode == bindparam("mode"),
         key.is_not(None),
-        matches,
+        driver_named(dialect).one_of(key, "keys"),
     )
 
 
@@ -172,8 +164,8 @@ async def find_by_idempotency_keys(
     """The runs that ``keys`` started in the workspace's ``mode``, with their requests'
     hashes, by key (a key no run holds is left out). A batch of accepts reads its keys in
     this one statement: read one by one, through a statement built per key, they were a
-    quarter of the API process's time under load, all of it spent holding SQLite's write
-    lock (bench/README.md, "Idempotency-Keys read once per batch")."""
+    large share of the API process's time under load, all of it spent holding SQLite's
+    write lock (bench/README.md, "Idempotency-Keys read once per batch")."""
     if not keys:
         return {}
     params = {"workspace_id": workspace_id, "mode": str(mode), "keys": list(keys)}
@@ -301,28 +293,21 @@ async def claim_runs(
     over a queue's sleeping runs, whose ``due_at`` is still to come. A queue's runs under a
     live lease are passed over (at most the runs held now).
 
-    PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``); SQLite has one
-    writer, so the same statements inside its write transaction are enough.
+    PostgreSQL skips rows other workers hold (``FOR UPDATE SKIP LOCKED``,
+    :meth:`~flowhook.store.driver.Driver.locking`); SQLite has one writer, so the same
+    statements inside its write transaction are enough.
     """
     turns = turns if turns is not None else Turns()
     params: dict[str, Any] = {"after": turns.after[0] if turns.after else ""}
-    inline = bulk.inline_sqlite(conn)
-    if inline is not None:
-        spaces = await bulk.run_raw(inline, _spaces_statement(), params)
-    else:
-        spaces = await bulk.run_pg(conn, _spaces_statement(), params)
+    spaces = await bulk.rows(conn, _spaces_statement(), params)
     queues = turns.order([(w, bool(live), bool(test)) for w, live, test in spaces])
     if not queues:
         return []
     params = {"owner": owner, "now": now, "lease_until": lease_until, "limit": limit}
     for i, (workspace_id, mode) in enumerate(queues):
         params[f"w{i}"], params[f"m{i}"] = workspace_id, mode
-    pg = conn.dialect.name == "postgresql"
-    stmt = _claim_statement(pg, len(queues))
-    if pg:  # on the driver: one claim of each idle run
-        claimed = [Run.from_values(_RUN_NAMES, r) for r in await bulk.run_pg(conn, stmt, params)]
-    else:
-        claimed = [Run.from_row(r) for r in (await conn.execute(stmt, params)).all()]
+    stmt = _claim_statement(not driver_of(conn).one_writer, len(queues))
+    claimed = [Run.from_values(_RUN_NAMES, r) for r in await bulk.rows(conn, stmt, params)]
     turns.took(queues, claimed)
     claimed.sort(key=lambda r: r.queued_at)
     return claimed
@@ -367,9 +352,10 @@ def _spaces_statement() -> Any:
 
 
 @cache
-def _claim_statement(pg: bool, queues: int) -> Any:
-    """:func:`claim_runs`' claim of ``queues`` queues, built once per dialect and number of
-    queues, its values bound: ``owner``, ``now``, ``lease_until``, ``limit``, and each
+def _claim_statement(skip_locked: bool, queues: int) -> Any:
+    """:func:`claim_runs`' claim of ``queues`` queues, built once per number of queues (and
+    whether it skips rows other writers lock: not where there is one writer), its values
+    bound: ``owner``, ``now``, ``lease_until``, ``limit``, and each
     queue's ``w<i>`` and ``m<i>`` (in turn order)."""
     now = bindparam("now", type_=runs.c.due_at.type)
     until = bindparam("lease_until", type_=runs.c.available_at.type)
@@ -390,7 +376,7 @@ def _claim_statement(pg: bool, queues: int) -> Any:
                 .order_by(*_QUEUE_ORDER)
                 .limit(limit)
             )
-            if pg:
+            if skip_locked:
                 q = q.with_for_update(skip_locked=True)
             return select(q.subquery())
 
@@ -438,15 +424,15 @@ def _held(conn: AsyncConnection, owner: str, run_ids: Sequence[str]) -> Any:
     writer and takes the plain IN list.
     """
     ids = list(run_ids)
-    if conn.dialect.name != "postgresql":
+    driver = driver_of(conn)
+    if driver.one_writer:
         return and_(runs.c.run_id.in_(ids), runs.c.lease_owner == owner, _CLAIMABLE)
     ordered = (
         select(runs.c.run_id)
         .where(runs.c.run_id.in_(ids), runs.c.lease_owner == owner, _CLAIMABLE)
         .order_by(runs.c.run_id)
-        .with_for_update()
     )
-    return runs.c.run_id.in_(ordered.scalar_subquery())
+    return runs.c.run_id.in_(driver.locking(ordered).scalar_subquery())
 
 
 async def extend_leases(
@@ -516,7 +502,11 @@ def _move(item: Progress) -> tuple[str, dict[str, Any]]:
 
 
 async def apply_progress(
-    conn: AsyncConnection, items: Sequence[Progress], *, owner: str
+    conn: AsyncConnection,
+    items: Sequence[Progress],
+    *,
+    owner: str,
+    handoff: Handoff | None = None,
 ) -> list[bool]:
     """Apply many runs' writes in one transaction (group commit). Each item's status change
     is an UPDATE guarded in SQL by the run's lease owner, a status its moves are legal from
@@ -531,7 +521,8 @@ async def apply_progress(
     statement each for the events and their deliveries. On PostgreSQL the runs, when more
     than one, are first locked in ``run_id`` order (the lock order rule, see
     :func:`_held`). A run appears at most once in ``items``: the executor awaits each of
-    its writes.
+    its writes. ``handoff``: a dispatcher of this process takes what it can of the events'
+    deliveries (:func:`~flowhook.store.deliveries.insert_deliveries`).
     """
     if not items:
         return []
@@ -545,12 +536,11 @@ async def apply_progress(
         if not await before(conn):
             applied[i] = True  # done by ``before``: nothing of its own to write
     left = [i for i, done in enumerate(applied) if not done]
-    if conn.dialect.name == "postgresql" and len(left) > 1:  # one row: its UPDATE locks it
+    driver = driver_of(conn)
+    if not driver.one_writer and len(left) > 1:  # one row: its UPDATE locks it
+        mine = runs.c.run_id.in_([items[i].run_id for i in left]), runs.c.lease_owner == owner
         await conn.execute(
-            select(runs.c.run_id)
-            .where(runs.c.run_id.in_([items[i].run_id for i in left]), runs.c.lease_owner == owner)
-            .order_by(runs.c.run_id)
-            .with_for_update()
+            driver.locking(select(runs.c.run_id).where(*mine).order_by(runs.c.run_id))
         )
     shapes: dict[tuple[str, tuple[str, ...]], list[int]] = {}
     rows: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
@@ -565,12 +555,14 @@ async def apply_progress(
             runs,
             [rows[i] for i in members],
             guard=guard,
-            attached=bulk.Attached(run_steps, steps, "run_id", ("run_id", "idx")),
+            attached=Attached(run_steps, steps, "run_id", ("run_id", "idx")),
         )
         for i, ok in zip(members, done, strict=True):
             applied[i] = ok
     won = [items[i] for i in left if applied[i]]
-    await events_store.insert_events(conn, [e for item in won for e in item.events])
+    await events_store.insert_events(
+        conn, [e for item in won for e in item.events], handoff=handoff
+    )
     for item in won:
         if item.after is not None:
             await item.after(conn)
@@ -639,16 +631,10 @@ def _next_due_statement() -> Any:
 
 async def next_due(conn: AsyncConnection) -> datetime | None:
     """When the next queued or sleeping run becomes claimable (the worker asks before each
-    idle wait: built once; on SQLite run straight on ``sqlite3``)."""
-    inline = bulk.inline_sqlite(conn)
-    if inline is not None:
-        [(found,)] = await bulk.run_raw(inline, _next_due_statement(), {})
-        return bulk.stored_datetime(found)
-    [(value,)] = await bulk.run_pg(conn, _next_due_statement(), {})
-    if value is None:
-        return None
-    assert isinstance(value, datetime)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    idle wait: built once, run on the driver)."""
+    [(found,)] = await bulk.rows(conn, _next_due_statement(), {})
+    assert found is None or isinstance(found, datetime)
+    return found
 
 
 async def cancel_requested_among(conn: AsyncConnection, run_ids: Sequence[str]) -> list[str]:

@@ -24,14 +24,16 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
+from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import Mode
 from flowhook.store.runs import NOTIFY_CHANNEL
 from flowhook.store.tables import runs, signals, waits
+from flowhook.store.wakeup import wake_at_commit
 
 __all__ = [
     "Signal",
@@ -102,10 +104,8 @@ def _projected(data: dict[str, Any], keys: str) -> dict[str, Any] | None:
 
 async def lock_name(conn: AsyncConnection, workspace_id: str, mode: str, name: str) -> None:
     """Serialise the signals of ``name`` with the runs reaching a ``wait`` for it (in the
-    write transaction that does either; PostgreSQL only, SQLite has one writer)."""
-    if conn.dialect.name == "postgresql":
-        key = func.hashtextextended(f"flowhook.signal:{workspace_id}:{mode}:{name}", 0)
-        await conn.execute(select(func.pg_advisory_xact_lock(key)))
+    write transaction that does either; SQLite has one writer)."""
+    await driver_of(conn).lock(conn, f"flowhook.signal:{workspace_id}:{mode}:{name}")
 
 
 def _signal(row: Any) -> Signal:
@@ -218,9 +218,7 @@ async def wake(conn: AsyncConnection, run_ids: Sequence[str], now: datetime) -> 
             )
             .values(available_at=now, due_at=now)
         )
-    conn.info.setdefault("wake", set()).add("runs")
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
 
 
 PAGE = 1000

@@ -20,13 +20,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import Mode
 from flowhook.store.runs import NOTIFY_CHANNEL as RUNS_CHANNEL
 from flowhook.store.tables import runs, tasks, workers
+from flowhook.store.wakeup import wake_at_commit
 
 __all__ = [
     "Task",
@@ -90,31 +91,18 @@ class Task:
         return cls(**values)
 
 
-def _wake(conn: AsyncConnection, kind: str) -> None:
-    """Wake the processes waiting for work of ``kind`` once the transaction commits."""
-    conn.info.setdefault("wake", set()).add(kind)
-
-
-async def _notify(conn: AsyncConnection, channel: str) -> None:
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text(f"NOTIFY {channel}"))
-
-
 async def insert(conn: AsyncConnection, task: Task) -> None:
     """Queue ``task`` (in the write that puts its run to sleep); claims wake at commit."""
     row = {c.name: getattr(task, c.name) for c in tasks.c}
     row["mode"] = str(task.mode)
     row["interrupted"] = task.interrupted or None
     await conn.execute(tasks.insert().values(**row))
-    _wake(conn, "tasks")
-    await _notify(conn, TASKS_CHANNEL)
+    await wake_at_commit(conn, "tasks", TASKS_CHANNEL)
 
 
 def _for_update(q: Any, conn: AsyncConnection) -> Any:
-    """PostgreSQL: skip the rows another claim holds; SQLite has one writer."""
-    if conn.dialect.name == "postgresql":
-        return q.with_for_update(skip_locked=True, of=tasks)
-    return q
+    """Skip the rows another claim holds (where there is more than one writer)."""
+    return driver_of(conn).locking(q, skip_locked=True)
 
 
 async def claim(
@@ -129,16 +117,19 @@ async def claim(
     """Up to ``limit`` tasks of ``names`` for ``worker_id``: first those whose lease ran out
     (taken again as the next attempt, the one cut short listed as interrupted), then the
     ready ones, oldest first. Only tasks of runs still going are offered."""
-    going = and_(
-        runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
+    going = (  # a subquery, not a join: the claim locks tasks only, never their runs
+        select(runs.c.run_id)
+        .where(
+            runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
+        )
+        .exists()
     )
     mine = and_(
         tasks.c.workspace_id == workspace_id, tasks.c.mode == str(mode), tasks.c.task.in_(names)
     )
     lapsed = (
         select(tasks)
-        .join(runs, going)
-        .where(mine, tasks.c.status == RUNNING, tasks.c.lease_expires_at <= now)
+        .where(mine, going, tasks.c.status == RUNNING, tasks.c.lease_expires_at <= now)
         .order_by(tasks.c.lease_expires_at)
         .limit(limit)
     )
@@ -146,8 +137,7 @@ async def claim(
     if len(found) < limit:
         ready = (
             select(tasks)
-            .join(runs, going)
-            .where(mine, tasks.c.status == QUEUED, tasks.c.available_at <= now)
+            .where(mine, going, tasks.c.status == QUEUED, tasks.c.available_at <= now)
             .order_by(tasks.c.available_at)
             .limit(limit - len(found))
         )
@@ -213,9 +203,7 @@ async def _locked(
         tasks.c.workspace_id == workspace_id,
         tasks.c.mode == str(mode),
     )
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update()
-    row = (await conn.execute(q)).first()
+    row = (await conn.execute(driver_of(conn).locking(q))).first()
     return None if row is None else Task.from_row(row)
 
 
@@ -291,17 +279,14 @@ async def _wake_run(conn: AsyncConnection, run_id: str, now: datetime) -> None:
         .where(runs.c.run_id == run_id, text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
         .values(available_at=now, due_at=now)
     )
-    _wake(conn, "runs")
-    await _notify(conn, RUNS_CHANNEL)
+    await wake_at_commit(conn, "runs", RUNS_CHANNEL)
 
 
 async def for_step(conn: AsyncConnection, run_id: str, idx: int) -> Task | None:
     """The task of step ``idx`` of run row ``run_id``, locked on PostgreSQL (the engine
     decides what becomes of it)."""
     q = select(tasks).where(tasks.c.run_id == run_id, tasks.c.idx == idx)
-    if conn.dialect.name == "postgresql":
-        q = q.with_for_update()
-    row = (await conn.execute(q)).first()
+    row = (await conn.execute(driver_of(conn).locking(q))).first()
     return None if row is None else Task.from_row(row)
 
 
@@ -335,8 +320,7 @@ async def retry(conn: AsyncConnection, task: Task, at: datetime) -> None:
             finished_at=None,
         )
     )
-    _wake(conn, "tasks")
-    await _notify(conn, TASKS_CHANNEL)
+    await wake_at_commit(conn, "tasks", TASKS_CHANNEL)
 
 
 # -- who works, and what waits ---------------------------------------------------------------
@@ -358,17 +342,12 @@ class QueueDepth:
     running: int
 
 
-def _upsert(conn: AsyncConnection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-
-
 async def worker_seen(
     conn: AsyncConnection, workspace_id: str, mode: Mode, worker_id: str, names: Sequence[str],
     now: datetime,
 ) -> None:  # fmt: skip
     """Remember that ``worker_id`` claimed tasks of ``names`` at ``now``."""
-    insert = _upsert(conn)
-    stmt = insert(workers).values(
+    stmt = driver_of(conn).upsert(workers).values(
         worker_id=worker_id, workspace_id=workspace_id, mode=str(mode), tasks=sorted(names),
         last_seen_at=now,
     )  # fmt: skip

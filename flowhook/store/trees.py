@@ -10,36 +10,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    bindparam,
-    case,
-    cast,
-    extract,
-    func,
-    literal_column,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import BigInteger, ColumnElement, case, cast, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from flowhook.events import run_duration_ms
 from flowhook.store.children import UNLEASED, cancelled_values
+from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
-from flowhook.store.models import Run, RunStatus
+from flowhook.store.models import Run, RunStatus, run_duration_ms
 from flowhook.store.runs import RUN_COLUMNS
 from flowhook.store.tables import run_trees, runs
-from flowhook.store.types import UTCDateTime
 
 __all__ = ["take_child", "cancel_tree", "TreeCancel"]
 
 
-def _upsert(conn: AsyncConnection):  # type: ignore[no-untyped-def]  # the dialect's insert
-    return (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(run_trees)
+def _upsert(conn: AsyncConnection) -> Any:
+    """The backend's ``INSERT`` of ``run_trees``, which takes ``on_conflict_do_update``."""
+    return driver_of(conn).upsert(run_trees)
 
 
 async def take_child(conn: AsyncConnection, tree_run_id: str, budget: int) -> str | None:
@@ -70,14 +56,8 @@ class TreeCancel:
 
 def _duration_ms(conn: AsyncConnection, now: datetime) -> ColumnElement[int]:
     """A run's ``duration_ms`` when it is cancelled at ``now``, in SQL: as
-    :func:`flowhook.events.run_duration_ms` reckons it."""
-    if conn.dialect.name == "postgresql":
-        at = bindparam("now", now, type_=UTCDateTime())
-        ms = func.greatest(0, func.round(extract("epoch", at - runs.c.started_at) * 1000))
-    else:  # UTCDateTime: microseconds since the epoch
-        micros = bindparam("now", UTCDateTime().process_bind_param(now, conn.dialect), BigInteger)
-        since: ColumnElement[Any] = literal_column("runs.started_at")
-        ms = func.max(0, func.round((micros - since) / 1000.0))
+    `run_duration_ms` reckons it."""
+    ms = driver_of(conn).milliseconds_since(now, runs.c.started_at)
     return case((runs.c.started_at.is_(None), None), else_=cast(ms, BigInteger))
 
 

@@ -23,9 +23,13 @@ __all__ = [
     "to_micros",
     "from_micros",
     "stored_datetime",
+    "HELD",
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+HELD = datetime(9999, 1, 1, tzinfo=UTC)
+"""The due time of a row held back until something releases it: never (a run waiting for a
+concurrency slot or behind a sibling part, a FIFO endpoint's delivery behind a pending one)."""
 _MICROSECOND = timedelta(microseconds=1)
 
 

@@ -1,5 +1,6 @@
 """Waking idle workers: an in-process signal, and PostgreSQL LISTEN for work queued by other
-processes (``insert_run`` issues the NOTIFY inside its transaction, delivered at commit)."""
+processes (the transaction that queues work sends the NOTIFY, :func:`wake_at_commit`,
+delivered at commit)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.backoff import backoff
+from flowhook.store.driver import driver_of
 
-__all__ = ["Wakeup", "Broadcast", "PgListener"]
+__all__ = ["Wakeup", "Broadcast", "PgListener", "wake_at_commit"]
 
 log = logging.getLogger("flowhook.store")
 
@@ -113,3 +116,11 @@ class PgListener:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=2)
             self._conn = None
+
+
+async def wake_at_commit(conn: AsyncConnection, kind: str, channel: str) -> None:
+    """Wake the consumers of ``kind`` (``runs``, ``deliveries``) once the transaction
+    commits: this process's through its :class:`Wakeup` (``Database.transaction``), every
+    other process's through ``NOTIFY channel`` where the backend tells them."""
+    conn.info.setdefault("wake", set()).add(kind)
+    await driver_of(conn).notify(conn, channel)

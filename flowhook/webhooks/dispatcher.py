@@ -16,9 +16,10 @@ fast, 8 (``slots.SLOW``) while it is slow or failing. The process holds up to ``
 times as many deliveries as an endpoint's slots (claimed, waiting for a request slot, or
 waiting for their completion to commit), so an endpoint's next deliveries are at hand the
 moment a response comes in, instead of after a commit and a claim (which held one endpoint
-to ~600 deliveries/s at 8 in flight). A claim takes at most ``HOLD`` times the slots of a
-slow endpoint of one endpoint, and none of an endpoint already holding its share: a slow or
-dead endpoint ties up at most 8 request slots and never holds back the others.
+far below its rate: bench/README.md, "Figures moved from docstrings"). A claim takes at
+most ``HOLD`` times the slots of a slow endpoint of one endpoint, and none of an endpoint
+already holding its share: a slow or dead endpoint ties up at most 8 request slots and never
+holds back the others.
 """
 
 from __future__ import annotations
@@ -31,20 +32,27 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import partial
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.consumer import Consumer
+from flowhook.defaults import (
+    WEBHOOK_DISABLE_AFTER_DAYS,
+    WEBHOOK_MAX_ATTEMPTS,
+    WEBHOOK_RETRY_SCHEDULE,
+    WEBHOOK_TIMEOUT,
+)
 from flowhook.errors import StoreUnavailable
 from flowhook.group_commit import GroupCommit
-from flowhook.store import webhooks as store
-from flowhook.store.db import Database
+from flowhook.store import attempts, delivery_queue, endpoints
+from flowhook.store.db import Connection, Database
+from flowhook.store.deliveries import FIFO, Handoff
+from flowhook.store.delivery_queue import DueDelivery
+from flowhook.store.error_classes import ErrorClass
 from flowhook.store.models import Attempt, DeliveryStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.wakeup import Wakeup
 from flowhook.webhooks import metrics
-from flowhook.webhooks.retry import DEFAULT_SCHEDULE, next_attempt_at
+from flowhook.webhooks.retry import next_attempt_at
 from flowhook.webhooks.sender import Result, WebhookClient, build_headers, send
 from flowhook.webhooks.slots import SLOW, EndpointSlots
 
@@ -72,8 +80,9 @@ of its deliveries: past that it starts again at the floor, as a new one does (an
 endpoint's are dropped)."""
 COMPLETION_GATHER = 0.005
 """Seconds the completion writer waits before each transaction, gathering completions. The
-webhook has been sent by then; this only delays freeing its slot, and it turned ~one write
-transaction per six deliveries into one per several dozen under load."""
+webhook has been sent by then; this only delays freeing its slot, and it made the write
+transactions many times fewer under load (bench/README.md, "Figures moved from
+docstrings")."""
 
 
 class Dispatcher(Consumer):
@@ -90,10 +99,10 @@ class Dispatcher(Consumer):
         owner: str,
         concurrency: int = 64,
         per_endpoint: int = 16,
-        timeout: float = 10.0,
-        schedule: Sequence[float] = DEFAULT_SCHEDULE,
-        max_attempts: int = 4,
-        disable_after: float = 5 * 86400,
+        timeout: float = WEBHOOK_TIMEOUT,
+        schedule: Sequence[float] = WEBHOOK_RETRY_SCHEDULE,
+        max_attempts: int = WEBHOOK_MAX_ATTEMPTS,
+        disable_after: float = WEBHOOK_DISABLE_AFTER_DAYS * 86400,
         allow_private_targets: bool = False,
         retry_throttled: bool = False,
         poll_interval: float = 5.0,
@@ -125,14 +134,14 @@ class Dispatcher(Consumer):
         """At most ``concurrency`` requests in flight in all."""
         self._leases: dict[str, datetime] = {}
         """When the lease of each held delivery ends."""
-        self._handing: list[store.Handoff] = []
+        self._handing: list[Handoff] = []
         """Hand-offs whose transaction is open: what they took counts as held."""
         self._passed_over: set[str] = set()
         """Endpoints the claim loop last passed over, at their share: one that gets room
         wakes it."""
         self.statistics = StatisticsKeeper(db, PLANNED_TABLES)
         """Counts the deliveries this process holds, for the statistics of their tables."""
-        self._completions: GroupCommit[store.Completion, None] = GroupCommit(
+        self._completions: GroupCommit[attempts.Completion, None] = GroupCommit(
             self._commit_completions,
             max_batch=HOLD * concurrency,  # all it may hold: one transaction takes every one
             gather=COMPLETION_GATHER,
@@ -154,13 +163,13 @@ class Dispatcher(Consumer):
     async def _claim(self, limit: int) -> int:
         now = self.clock.now()
         # One statement on PostgreSQL (autocommit: no BEGIN and COMMIT round trips), a
-        # transaction on SQLite (see store.claim_deliveries).
+        # transaction on SQLite (see delivery_queue.claim_deliveries).
         async with self.db.statement() as conn:
             # a hand-off may have taken some while this waited for the connection
             limit = min(limit, self._capacity - self._held())
             if limit <= 0:
                 return 0
-            claimed = await store.claim_deliveries(
+            claimed = await delivery_queue.claim_deliveries(
                 conn,
                 owner=self.owner,
                 now=now,
@@ -173,7 +182,7 @@ class Dispatcher(Consumer):
             self._hold(due, now + self.lease)
         return len(claimed)
 
-    def _hold(self, due: store.DueDelivery, lease_end: datetime) -> None:
+    def _hold(self, due: DueDelivery, lease_end: datetime) -> None:
         """Start the attempt of a delivery this process has claimed."""
         if due.id in self._inflight:  # pragma: no cover - leases are renewed before they end
             log.warning("delivery %s: claimed again while still held here", due.id)
@@ -191,7 +200,7 @@ class Dispatcher(Consumer):
 
     # -- deliveries handed over by the engine of this process ----------------------------
 
-    def handoff(self) -> store.Handoff | None:
+    def handoff(self) -> Handoff | None:
         """A hand-off for a transaction of this process that queues deliveries (the engine's
         progress): the ones it takes are written claimed by this dispatcher, and
         :meth:`adopt` starts them once that transaction has committed, without a claim
@@ -199,7 +208,7 @@ class Dispatcher(Consumer):
         counts as held until then. ``None`` before :meth:`open` and while stopping."""
         if self.client is None or self._stopping.is_set():
             return None
-        handoff = store.Handoff(self.owner, self.lease, self.clock.now, self._room)
+        handoff = Handoff(self.owner, self.lease, self.clock.now, self._room)
         self._handing.append(handoff)
         return handoff
 
@@ -222,7 +231,7 @@ class Dispatcher(Consumer):
         slots = self._sending.get(endpoint_id)
         return HOLD * (self.slow_slots if slots is None else slots.limit)
 
-    def adopt(self, handoff: store.Handoff) -> None:
+    def adopt(self, handoff: Handoff) -> None:
         """Start the deliveries ``handoff`` took, now that their transaction has committed.
         Once stopping, they are left to be claimed again when their lease ends, as a held
         delivery not yet sent is."""
@@ -238,14 +247,14 @@ class Dispatcher(Consumer):
         for due in handoff.claimed:
             self._hold(due, lease_end)
 
-    def drop(self, handoff: store.Handoff) -> None:
+    def drop(self, handoff: Handoff) -> None:
         """``handoff``'s transaction did not commit: it took nothing."""
         self._handing.remove(handoff)
 
-    async def _next_due(self, conn: AsyncConnection) -> datetime | None:
+    async def _next_due(self, conn: Connection) -> datetime | None:
         # An endpoint at its cap has due deliveries but takes none now: looking past them
         # avoids claiming every 5 ms for nothing; a delivery it finishes wakes the loop.
-        return await store.next_due_delivery(conn, self._endpoints_at_cap())
+        return await delivery_queue.next_due_delivery(conn, self._endpoints_at_cap())
 
     def _endpoints_at_cap(self) -> list[str]:
         """Endpoints holding all the deliveries this process takes of one endpoint: the
@@ -255,7 +264,7 @@ class Dispatcher(Consumer):
         self._passed_over = set(found)
         return found
 
-    async def _deliver(self, due: store.DueDelivery) -> None:
+    async def _deliver(self, due: DueDelivery) -> None:
         try:
             await self._attempt(due)
         except StoreUnavailable:
@@ -298,7 +307,7 @@ class Dispatcher(Consumer):
             del self._resting[quiet]
             del self._sending[quiet]
 
-    async def _attempt(self, due: store.DueDelivery) -> None:
+    async def _attempt(self, due: DueDelivery) -> None:
         """One attempt: send the request (unless the endpoint is gone or disabled), then
         wait until its outcome is committed."""
         assert self.client is not None, "open() first"
@@ -340,7 +349,7 @@ class Dispatcher(Consumer):
         if result.delivered:
             metrics.record_delivered((finished - due.created_at).total_seconds())
 
-    async def _paced(self, due: store.DueDelivery) -> None:
+    async def _paced(self, due: DueDelivery) -> None:
         """Reserve this delivery's send time on its endpoint's shared schedule (at most
         ``rate_limit`` a second across every process) and sleep until then.
 
@@ -351,31 +360,32 @@ class Dispatcher(Consumer):
         keeps stalling still sends."""
         for _ in range(1 + REPACE):
             async with self.db.transaction() as conn:
-                slot = await store.reserve_send(conn, due.endpoint_id, self.clock.now())
+                slot = await endpoints.reserve_send(conn, due.endpoint_id, self.clock.now())
             await self.clock.sleep_until(slot)
             if (self.clock.now() - slot).total_seconds() <= LATE:
                 return
 
-    def _undeliverable(self, due: store.DueDelivery, number: int) -> store.Completion:
+    def _undeliverable(self, due: DueDelivery, number: int) -> attempts.Completion:
         """The failed attempt of a delivery whose endpoint was deleted or disabled."""
         now = self.clock.now()
         gone = due.url is None
-        return store.Completion(
+        kind = ErrorClass.ENDPOINT_DELETED if gone else ErrorClass.ENDPOINT_DISABLED
+        return attempts.Completion(
             due.id,
             due.endpoint_id,
             Attempt(
                 number, now, now, 0,
-                error_class="endpoint_deleted" if gone else "endpoint_disabled",
+                error_class=kind,
                 error_detail="the endpoint was deleted" if gone else "the endpoint is disabled",
             ),
             DeliveryStatus.FAILED,
             None,
             "the endpoint was deleted" if gone else "the endpoint is disabled",
-            fifo=due.ordering == store.FIFO,
+            fifo=due.ordering == FIFO,
         )  # fmt: skip
 
     @staticmethod
-    def _headers(due: store.DueDelivery, number: int, now: datetime) -> dict[str, str]:
+    def _headers(due: DueDelivery, number: int, now: datetime) -> dict[str, str]:
         """The signed headers of attempt ``number``: the previous secret signs too until it
         expires."""
         previous = due.previous_secret
@@ -396,12 +406,12 @@ class Dispatcher(Consumer):
 
     def _outcome(
         self,
-        due: store.DueDelivery,
+        due: DueDelivery,
         number: int,
         started: datetime,
         finished: datetime,
         result: Result,
-    ) -> store.Completion:
+    ) -> attempts.Completion:
         """What becomes of the delivery after this attempt's ``result``: succeeded, pending
         (a retryable failure with attempts left, never sooner than a Retry-After), or failed."""
         next_at: datetime | None = None
@@ -429,12 +439,12 @@ class Dispatcher(Consumer):
             next_attempt_at=next_at,
         )
         last_error = f"{result.error_class}: {result.error_detail}" if result.error_class else None
-        return store.Completion(
+        return attempts.Completion(
             due.id, due.endpoint_id, attempt, status, next_at, last_error,
-            fifo=due.ordering == store.FIFO,
+            fifo=due.ordering == FIFO,
         )  # fmt: skip
 
-    async def _lease_covers_request(self, due: store.DueDelivery, now: datetime) -> bool:
+    async def _lease_covers_request(self, due: DueDelivery, now: datetime) -> bool:
         """A held delivery may wait for a request slot (a slow endpoint answers its earlier
         ones first): when what is left of its lease could not cover a whole request, renew
         the lease first, so no other process can claim and send it meanwhile. ``False`` when
@@ -443,7 +453,7 @@ class Dispatcher(Consumer):
         if until is None or until - now > timedelta(seconds=self.timeout + 1):
             return True
         async with self.db.transaction() as conn:
-            renewed = await store.renew_delivery_lease(
+            renewed = await delivery_queue.renew_delivery_lease(
                 conn, due.id, owner=self.owner, until=now + self.lease
             )
         if renewed:
@@ -452,19 +462,19 @@ class Dispatcher(Consumer):
             log.warning("delivery %s: lease lost while it waited; not sent here", due.id)
         return renewed
 
-    async def _complete(self, completion: store.Completion) -> None:
+    async def _complete(self, completion: attempts.Completion) -> None:
         """Queue a completion for the next group commit and wait until it is durable."""
         await self._completions.submit(completion)
         if completion.status is DeliveryStatus.PENDING:
             self.wakeup.notify()  # a retry is due: the idle wait may be longer than its backoff
 
-    async def _commit_completions(self, completions: Sequence[store.Completion]) -> list[None]:
+    async def _commit_completions(self, completions: Sequence[attempts.Completion]) -> list[None]:
         """One group commit, run again if it loses a lock conflict (it wrote nothing then)."""
         await self.db.retrying(partial(self._write_completions, completions=completions))
         return [None] * len(completions)
 
     async def _write_completions(
-        self, conn: AsyncConnection, completions: Sequence[store.Completion]
+        self, conn: Connection, completions: Sequence[attempts.Completion]
     ) -> None:
         """One group commit of finished attempts, and endpoint health: per endpoint, the last
         final outcome of the group; endpoints in id order (the lock order rule), so two
@@ -472,7 +482,7 @@ class Dispatcher(Consumer):
         final = {c.endpoint_id: c for c in completions if c.status is not DeliveryStatus.PENDING}
         # Only successes (the usual group): their endpoints' health goes with the attempts.
         succeeded = all(c.status is DeliveryStatus.SUCCEEDED for c in final.values())
-        for delivery_id in await store.finish_attempts(
+        for delivery_id in await attempts.finish_attempts(
             conn, completions, owner=self.owner, healthy=sorted(final) if succeeded else ()
         ):
             log.warning(
@@ -488,10 +498,10 @@ class Dispatcher(Consumer):
             if c.status is DeliveryStatus.SUCCEEDED:
                 healthy.append(endpoint_id)
                 continue
-            await store.mark_endpoints_healthy(conn, healthy)
+            await endpoints.mark_endpoints_healthy(conn, healthy)
             healthy = []
             when = c.attempt.finished_at or self.clock.now()
-            if await store.mark_endpoint_health(
+            if await endpoints.mark_endpoint_health(
                 conn,
                 c.endpoint_id,
                 succeeded=False,
@@ -501,10 +511,10 @@ class Dispatcher(Consumer):
                 log.warning(
                     "endpoint %s disabled: only failures for %s", c.endpoint_id, self.disable_after
                 )
-        await store.mark_endpoints_healthy(conn, healthy)
+        await endpoints.mark_endpoints_healthy(conn, healthy)
 
 
-def _trace(due: store.DueDelivery) -> tracing.TraceParent:
+def _trace(due: DueDelivery) -> tracing.TraceParent:
     """The trace a delivery attempt belongs to: its event's run's, under the run's span; an
     event of no run (a test event) starts a trace of its own."""
     if due.run_id is None:
@@ -514,7 +524,7 @@ def _trace(due: store.DueDelivery) -> tracing.TraceParent:
 
 
 def _attempt_span(
-    due: store.DueDelivery,
+    due: DueDelivery,
     number: int,
     trace: tracing.TraceParent,
     span_id: str,

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from flowhook.store.error_classes import ErrorClass
+
 __all__ = [
     "ATTEMPTS",
     "ATTEMPT_SECONDS",
@@ -39,9 +41,10 @@ def _attempts(outcome: str) -> Any:
     return ATTEMPTS.labels(outcome=outcome)
 
 
+_E = ErrorClass
 OUTCOMES = frozenset(
-    {"delivered", "redirect", "throttled", "http_4xx", "http_5xx", "destination_blocked",
-     "timeout", "dns", "tls", "connection", "invalid_request"}
+    {"delivered", _E.REDIRECT, _E.THROTTLED, _E.HTTP_4XX, _E.HTTP_5XX, _E.DESTINATION_BLOCKED,
+     _E.TIMEOUT, _E.DNS, _E.TLS, _E.CONNECTION, _E.INVALID_REQUEST}
 )  # fmt: skip
 """The label's fixed set; anything else counts as ``other`` (the series stay bounded)."""
 

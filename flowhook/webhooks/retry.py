@@ -1,4 +1,5 @@
-"""The delivery retry policy of SPEC §8, as a pure function."""
+"""The delivery retry policy of SPEC §8, as a pure function (its defaults:
+:mod:`flowhook.defaults`; the setting's parser: :func:`flowhook.config.parse_schedule`)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,19 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-__all__ = ["DEFAULT_SCHEDULE", "next_attempt_at", "parse_schedule"]
+from flowhook.defaults import WEBHOOK_MAX_ATTEMPTS, WEBHOOK_RETRY_SCHEDULE
 
-DEFAULT_SCHEDULE = (30.0, 120.0, 600.0, 3600.0)
-"""Seconds after attempt 1, 2, 3, 4 fails: 30 s, 2 min, 10 min, 1 h."""
+__all__ = ["next_attempt_at"]
+
 JITTER = 0.10
-
-
-def parse_schedule(text: str) -> tuple[float, ...]:
-    """``"30,120,600,3600"`` → seconds; raises ValueError on anything else."""
-    values = tuple(float(part) for part in text.split(",") if part.strip())
-    if not values or any(v < 0 for v in values):
-        raise ValueError("a comma-separated list of non-negative seconds, such as 30,120,600,3600")
-    return values
 
 
 def next_attempt_at(
     attempt: int,
     now: datetime,
     *,
-    schedule: Sequence[float] = DEFAULT_SCHEDULE,
-    max_attempts: int = 4,
+    schedule: Sequence[float] = WEBHOOK_RETRY_SCHEDULE,
+    max_attempts: int = WEBHOOK_MAX_ATTEMPTS,
     rand: Callable[[], float] = random.random,
 ) -> datetime | None:
     """When to try again after failed ``attempt`` (1-based), or ``None`` when it was the last.

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from flowhook.signing import build_headers
+from flowhook.store.error_classes import RETRYABLE, ErrorClass
 from flowhook.targets import TargetRefused, check_url
 from flowhook.webhooks.http import (
     EXCERPT_BYTES,
@@ -25,9 +26,7 @@ from flowhook.webhooks.http import (
     WebhookClient,
 )
 
-__all__ = ["Result", "RETRYABLE", "EXCERPT_BYTES", "WebhookClient", "build_headers", "send"]
-
-RETRYABLE = frozenset({"timeout", "connection", "dns", "tls", "http_5xx", "throttled"})
+__all__ = ["Result", "EXCERPT_BYTES", "WebhookClient", "build_headers", "send"]
 
 
 @dataclass(slots=True)
@@ -35,7 +34,7 @@ class Result:
     duration_ms: int
     status_code: int | None = None
     excerpt: str | None = None
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error_detail: str | None = None
     address: str | None = None
     retry_after: float | None = None
@@ -78,19 +77,19 @@ async def send(
         async with asyncio.timeout(timeout):
             response = await client.post(url, body, headers)
     except TimeoutError:  # before OSError, of which it is one
-        return done(error_class="timeout", error_detail=f"no answer within {timeout:g} s")
+        return done(error_class=ErrorClass.TIMEOUT, error_detail=f"no answer within {timeout:g} s")
     except TargetRefused as exc:
-        return done(error_class="destination_blocked", error_detail=exc.message)
+        return done(error_class=ErrorClass.DESTINATION_BLOCKED, error_detail=exc.message)
     except InvalidRequest as exc:
-        return done(error_class="invalid_request", error_detail=str(exc))
+        return done(error_class=ErrorClass.INVALID_REQUEST, error_detail=str(exc))
     except ResolveError as exc:
-        return done(error_class="dns", error_detail=str(exc))
+        return done(error_class=ErrorClass.DNS, error_detail=str(exc))
     except ssl.SSLError as exc:  # certificate errors are SSLErrors too
-        return done(error_class="tls", error_detail=f"{type(exc).__name__}: {exc}")
+        return done(error_class=ErrorClass.TLS, error_detail=f"{type(exc).__name__}: {exc}")
     except ResponseError as exc:
-        return done(error_class="connection", error_detail=str(exc))
+        return done(error_class=ErrorClass.CONNECTION, error_detail=str(exc))
     except OSError as exc:
-        return done(error_class="connection", error_detail=f"{type(exc).__name__}: {exc}")
+        return done(error_class=ErrorClass.CONNECTION, error_detail=f"{type(exc).__name__}: {exc}")
     status = response.status
     excerpt = response.body.decode("utf-8", "replace")
     address = response.address
@@ -99,17 +98,17 @@ async def send(
     if 300 <= status < 400:
         location = response.headers.get("location", "")
         return done(
-            status_code=status, excerpt=excerpt, address=address, error_class="redirect",
+            status_code=status, excerpt=excerpt, address=address, error_class=ErrorClass.REDIRECT,
             error_detail=f"answered {status} redirecting to {location!r}; redirects are not "
             "followed: register the final URL",
         )  # fmt: skip
     if retry_throttled and status in (408, 429):
         return done(
-            status_code=status, excerpt=excerpt, address=address, error_class="throttled",
+            status_code=status, excerpt=excerpt, address=address, error_class=ErrorClass.THROTTLED,
             error_detail=f"answered {status}",
             retry_after=_retry_after(response.headers.get("retry-after")),
         )  # fmt: skip
-    kind = "http_4xx" if status < 500 else "http_5xx"
+    kind = ErrorClass.HTTP_4XX if status < 500 else ErrorClass.HTTP_5XX
     return done(
         status_code=status, excerpt=excerpt, address=address, error_class=kind,
         error_detail=f"answered {status}",

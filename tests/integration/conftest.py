@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from sqlalchemy import String
 
-from flowhook.store import bulk, types
+from flowhook.store import sqlite_driver, types
 from tests.conftest import PG_URL
 
 
@@ -32,7 +32,7 @@ def text_ids() -> Iterator[None]:
     inside this (with a :class:`Database` made and disposed inside it: SQLAlchemy keeps
     each type's processors per engine)."""
     with pytest.MonkeyPatch.context() as patch:
-        for module in (types, bulk):
+        for module in (types, sqlite_driver):
             patch.setattr(module, "pack_id", _same)
             patch.setattr(module, "unpack_id", _same)
         patch.setattr(types, "_POSTGRES_ID", _TextId(40))

@@ -18,7 +18,7 @@ import sqlalchemy.exc as sa_exc
 from sqlalchemy import Column, Enum, MetaData, Numeric, String, Table
 
 from flowhook.ids import pack_id
-from flowhook.store import bulk
+from flowhook.store import bulk, driver, pg_driver, sqlite_driver
 from flowhook.store import tables as store_tables
 from flowhook.store.db import Database
 from flowhook.store.tables import (
@@ -233,7 +233,7 @@ async def test_the_sqlite_bulk_path_stores_what_sqlalchemy_stores(
     await _write(db)
     await db.dispose()
     with monkeypatch.context() as m:
-        m.setattr(bulk, "raw_sqlite", lambda _conn: None)  # SQLAlchemy's executemany
+        m.setattr(sqlite_driver, "raw_sqlite", lambda _conn: None)  # SQLAlchemy's executemany
         db = Database(f"sqlite:///{slow}")
         await _write(db)
         await db.dispose()
@@ -281,11 +281,11 @@ async def test_the_postgres_bulk_path_stores_what_sqlalchemy_stores(
     fast = await _pg_dump(pg_url)
 
     async def through_sqlalchemy(conn: Any, table: Any, columns: Any, conflict: Any, rows: Any):  # type: ignore[no-untyped-def]
-        stmt = bulk._insert_statement(table, columns, conflict, "postgresql")
+        stmt = driver.insert_statement(table, columns, conflict, "postgresql")
         await conn.execute(stmt, list(rows))
 
     with monkeypatch.context() as m:
-        m.setattr(bulk, "_insert_pg", through_sqlalchemy)
+        m.setattr(pg_driver, "_insert_pg", through_sqlalchemy)
         await _write(db)
     await db.dispose()
     slow = await _pg_dump(pg_url)
@@ -341,8 +341,8 @@ def test_every_column_of_those_tables_has_a_conversion() -> None:
     for name in WRITTEN:
         table = store_tables.metadata.tables[name]
         columns = tuple(c.name for c in table.columns)
-        bulk._plan(table, columns, ())
-        bulk._update_plan(table, columns, columns[:1])
+        sqlite_driver._plan(table, columns, ())
+        sqlite_driver._update_plan(table, columns, columns[:1])
 
 
 @pytest.mark.parametrize("kind", [Numeric(10, 2), Enum("a", "b")])

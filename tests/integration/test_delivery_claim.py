@@ -17,12 +17,12 @@ import pytest
 
 from flowhook.clock import FakeClock
 from flowhook.service import Services
-from flowhook.store import bulk
+from flowhook.store import delivery_queue, sqlite_driver
 from flowhook.store import runs as runs_store
-from flowhook.store import webhooks as store
 from flowhook.store.db import Database
 from flowhook.store.migrate import migrate
 from flowhook.store.models import DeliveryStatus, Mode
+from flowhook.store.tables import deliveries
 from tests.integration.test_dispatcher import raise_event, setup
 
 LEASE = timedelta(seconds=30)
@@ -30,10 +30,10 @@ LEASE = timedelta(seconds=30)
 
 async def _claim(
     db: Database, clock: FakeClock, *, limit: int, per_endpoint: int, busy: list[str]
-) -> list[store.DueDelivery]:
+) -> list[delivery_queue.DueDelivery]:
     now = clock.now()
     async with db.transaction() as conn:
-        return await store.claim_deliveries(
+        return await delivery_queue.claim_deliveries(
             conn,
             owner="d",
             now=now,
@@ -46,7 +46,7 @@ async def _claim(
 
 async def _next_due(db: Database, busy: list[str]) -> object:
     async with db.read() as conn:
-        return await store.next_due_delivery(conn, busy)
+        return await delivery_queue.next_due_delivery(conn, busy)
 
 
 async def test_claims_of_every_shape_honour_their_own_caps_and_busy_endpoints(
@@ -160,11 +160,11 @@ def probe_stage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """The probe's answer from its first stage (the earliest pending deliveries hold one of
     another endpoint) or its second (a slice of one: every time only busy ones)."""
     if request.param == "past":
-        monkeypatch.setattr(store, "NEXT_DUE_SLICE", 1)
-    store._next_due_statement.cache_clear()
+        monkeypatch.setattr(delivery_queue, "NEXT_DUE_SLICE", 1)
+    delivery_queue._next_due_statement.cache_clear()
     yield request.param
     monkeypatch.undo()
-    store._next_due_statement.cache_clear()
+    delivery_queue._next_due_statement.cache_clear()
 
 
 async def test_the_due_time_probe_looks_past_a_busy_endpoints_backlog(
@@ -183,8 +183,8 @@ async def test_the_due_time_probe_looks_past_a_busy_endpoints_backlog(
         assert d.endpoint_id == c
     async with db.transaction() as conn:
         await conn.execute(
-            store.deliveries.update()
-            .where(store.deliveries.c.endpoint_id == b)
+            deliveries.update()
+            .where(deliveries.c.endpoint_id == b)
             .values(status=DeliveryStatus.SUCCEEDED.value, finished_at=clock.now())
         )
     assert await _next_due(db, []) == t0
@@ -203,7 +203,7 @@ async def _sqlite_plan(tmp_path: Path, stmt: Any) -> list[str]:
     await migrate(db)
     try:
         async with db.read() as conn:
-            inline = bulk.inline_sqlite(conn)
+            inline = sqlite_driver.inline_sqlite(conn)
             assert inline is not None
             compiled = stmt.compile(dialect=conn.dialect)
             sql = re.sub(r"\(__\[POSTCOMPILE_\w+\]\)", "(?)", str(compiled))
@@ -223,7 +223,7 @@ async def test_the_due_time_probe_past_busy_endpoints_reads_its_own_index(
     of pending deliveries by endpoint: one seek per endpoint, not a walk of a backlog or of
     delivered rows (which the (endpoint_id, status, created_at) index would be). PostgreSQL
     plans for itself; the results of the test above hold on both."""
-    plan = await _sqlite_plan(tmp_path, store._next_due_past_statement())
+    plan = await _sqlite_plan(tmp_path, delivery_queue._next_due_past_statement())
     reads = [step for step in plan if "deliveries" in step]
     assert len(reads) == 3, plan
     assert all("USING INDEX ix_deliveries_endpoint_due" in step for step in reads), plan
@@ -235,7 +235,7 @@ async def test_the_claims_read_their_partial_indexes_in_order(tmp_path: Path) ->
     by ``due_at``; the run claim's skip scan seeks from one workspace to the next in
     ``ix_runs_queue``, and each queue's due runs are read from it in three ranges (priority
     above 0, 0 up to now, below 0), so no read walks a backlog or a queue's sleeping runs."""
-    window = await _sqlite_plan(tmp_path / "w", store._oldest_due_statement(True))
+    window = await _sqlite_plan(tmp_path / "w", delivery_queue._oldest_due_statement(True))
     assert [s for s in window if "deliveries" in s] == [
         "SEARCH deliveries USING INDEX ix_deliveries_due_at (due_at<?)"
     ], window
@@ -283,7 +283,7 @@ async def test_concurrent_claims_take_each_delivery_once_without_deadlock(
         mine: list[str] = []
         for _ in range(100):  # a bound: 64 a claim
             async with db.statement() as conn:
-                got = await store.claim_deliveries(
+                got = await delivery_queue.claim_deliveries(
                     conn, owner=owner, now=now, lease_until=now + LEASE, limit=64,
                     per_endpoint=32,
                 )  # fmt: skip

@@ -20,10 +20,12 @@ from flowhook.engine.worker import Worker
 from flowhook.errors import WriteConflict
 from flowhook.events import make_event
 from flowhook.service import Principal, Services
+from flowhook.store import deliveries as deliveries_store
+from flowhook.store import delivery_queue
 from flowhook.store import events as events_store
 from flowhook.store import runs as runs_store
-from flowhook.store import webhooks as store
 from flowhook.store.db import Database
+from flowhook.store.error_classes import ErrorClass
 from flowhook.store.models import DeliveryStatus
 from flowhook.store.tables import deliveries, delivery_attempts
 from flowhook.webhooks import metrics
@@ -42,30 +44,36 @@ FLOW = {
 }
 
 
-def handoff(clock: FakeClock, room: int, *, later: float = 0.0) -> store.Handoff:
+def handoff(clock: FakeClock, room: int, *, later: float = 0.0) -> deliveries_store.Handoff:
     """A hand-off that takes ``room`` deliveries in all, claiming ``later`` seconds after
     the clock's time (when its events were made)."""
-    h: store.Handoff
+    h: deliveries_store.Handoff
 
     def fits(_endpoint: str) -> bool:
         return h.taken.total() < room
 
-    h = store.Handoff("d1", LEASE, lambda: clock.now() + timedelta(seconds=later), fits)
+    h = deliveries_store.Handoff("d1", LEASE, lambda: clock.now() + timedelta(seconds=later), fits)
     return h
 
 
-async def raise_with(db: Database, who: Principal, clock: FakeClock, h: store.Handoff) -> None:
+async def raise_with(
+    db: Database, who: Principal, clock: FakeClock, h: deliveries_store.Handoff
+) -> None:
     async with db.transaction() as conn:
-        conn.info["tx"][store.HANDOFF] = h
-        await raise_event_in(conn, who, clock)
+        await raise_event_in(conn, who, clock, h)
 
 
-async def raise_event_in(conn: AsyncConnection, who: Principal, clock: FakeClock) -> None:
+async def raise_event_in(
+    conn: AsyncConnection,
+    who: Principal,
+    clock: FakeClock,
+    h: deliveries_store.Handoff | None = None,
+) -> None:
     event = make_event(
         "flow.completed", workspace_id=who.workspace_id, mode=who.mode,
         flow_id="wf_x", run_id="run_x", payload={"i": 1}, now=clock.now(),
     )  # fmt: skip
-    await events_store.insert_events(conn, [event])
+    await events_store.insert_events(conn, [event], handoff=h)
 
 
 async def rows(db: Database) -> list[tuple[Any, list[Any]]]:
@@ -116,7 +124,7 @@ async def test_taken_deliveries_are_written_claimed_the_rest_queued(
     # A claim now finds only the queued one: the others are under the hand-off's lease.
     now = clock.now()
     async with db.transaction() as conn:
-        claimed = await store.claim_deliveries(
+        claimed = await delivery_queue.claim_deliveries(
             conn, owner="d2", now=now, lease_until=now + LEASE, limit=10, per_endpoint=8
         )
     assert [d.endpoint_id for d in claimed] == [queued]
@@ -135,7 +143,7 @@ async def test_what_a_hand_off_reads_is_what_a_claim_reads(
     await raise_with(db, who, clock, h)
     assert len(h.claimed) == 2
     async with db.read() as conn:
-        read = await store._due_of(conn, [d.id for d in h.claimed])
+        read = await delivery_queue.due_deliveries(conn, [d.id for d in h.claimed])
     by_id = sorted(h.claimed, key=lambda d: d.id)
     assert by_id == sorted(read, key=lambda d: d.id)
     assert all(d.run_id == "run_x" and d.flow_id == "wf_x" and d.attempts == 1 for d in by_id)
@@ -154,7 +162,7 @@ async def test_nothing_is_taken_while_a_due_delivery_waits_in_the_queue(
 
     now = clock.now()  # once the queue is claimed, new ones are taken again
     async with db.transaction() as conn:
-        await store.claim_deliveries(
+        await delivery_queue.claim_deliveries(
             conn, owner="d2", now=now, lease_until=now + LEASE, limit=10, per_endpoint=8
         )
     again = handoff(clock, room=10)
@@ -180,13 +188,12 @@ async def test_the_subscribers_query_looks_at_the_queue_once_per_transaction(
         asked.append(now)
         return False
 
-    monkeypatch.setattr(store, "_waiting", counted)
+    monkeypatch.setattr(deliveries_store, "_waiting", counted)
     h = handoff(clock, room=10)
     async with db.transaction() as conn:
-        conn.info["tx"][store.HANDOFF] = h
-        await raise_event_in(conn, who, clock)
+        await raise_event_in(conn, who, clock, h)
         assert h.looked and h.full is waiting
-        await raise_event_in(conn, who, clock)
+        await raise_event_in(conn, who, clock, h)
     assert asked == []
     assert len(h.claimed) == (0 if waiting else 4)
     queued = [r for r, _ in await rows(db) if r.lease_owner is None]
@@ -217,7 +224,7 @@ async def test_a_handed_over_delivery_never_sent_is_claimed_again_after_its_leas
         await other.stop()
     [(row, lines)] = await rows(db)
     assert (row.id, row.status, row.attempts) == (handed.id, "succeeded", 2)
-    assert [(x.number, x.error_class) for x in lines] == [(1, store.INTERRUPTED), (2, None)]
+    assert [(x.number, x.error_class) for x in lines] == [(1, ErrorClass.INTERRUPTED), (2, None)]
     assert len(receiver.of("flow.completed")) == 1
 
 
@@ -252,14 +259,14 @@ async def _worker(
 def _counting_claims(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the deliveries each claim of the queue took."""
     counts: list[int] = []
-    real = store.claim_deliveries
+    real = delivery_queue.claim_deliveries
 
-    async def claim(conn: AsyncConnection, **kw: Any) -> Sequence[store.DueDelivery]:
+    async def claim(conn: AsyncConnection, **kw: Any) -> Sequence[delivery_queue.DueDelivery]:
         found = await real(conn, **kw)
         counts.append(len(found))
         return found
 
-    monkeypatch.setattr(store, "claim_deliveries", claim)
+    monkeypatch.setattr(delivery_queue, "claim_deliveries", claim)
     return counts
 
 
@@ -294,10 +301,15 @@ async def test_a_progress_write_tried_again_hands_over_only_what_it_committed(
     tries: list[int] = []
 
     async def conflicting(
-        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+        conn: AsyncConnection,
+        items: Sequence[runs_store.Progress],
+        *,
+        owner: str,
+        handoff: deliveries_store.Handoff | None = None,
     ) -> list[bool]:
-        applied = await real(conn, items, owner=owner)
-        tries.append(len(conn.info["tx"][store.HANDOFF].claimed))
+        applied = await real(conn, items, owner=owner, handoff=handoff)
+        assert handoff is not None
+        tries.append(len(handoff.claimed))
         if len(tries) == 1:
             raise WriteConflict("the first try loses")
         return applied
@@ -326,9 +338,13 @@ async def test_a_progress_write_that_fails_gives_back_what_it_took(
     real = runs_store.apply_progress
 
     async def failing(
-        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+        conn: AsyncConnection,
+        items: Sequence[runs_store.Progress],
+        *,
+        owner: str,
+        handoff: deliveries_store.Handoff | None = None,
     ) -> list[bool]:
-        await real(conn, items, owner=owner)
+        await real(conn, items, owner=owner, handoff=handoff)
         assert d._held() == 1  # taken, not yet started: counted against the room
         raise RuntimeError("this progress cannot be stored")
 
@@ -356,12 +372,11 @@ async def test_no_hand_over_past_the_dispatchers_room(
         h = d.handoff()
         assert h is not None
         async with db.transaction() as conn:
-            conn.info["tx"][store.HANDOFF] = h
             for _ in range(3):
-                await raise_event_in(conn, who, clock)  # one delivery to each endpoint
+                await raise_event_in(conn, who, clock, h)  # one delivery to each endpoint
             assert d._held() == 6 and d._endpoints_at_cap() == []
             for _ in range(3):
-                await raise_event_in(conn, who, clock)
+                await raise_event_in(conn, who, clock, h)
         assert Counter(x.endpoint_id for x in h.claimed) == {a: HOLD, b: HOLD}
         assert d._held() == 2 * HOLD and d._endpoints_at_cap() == [a, b]
         assert await d.run_once() == 0  # full: the 4 queued wait

@@ -17,8 +17,9 @@ from flowhook.clock import FakeClock
 from flowhook.events import make_event
 from flowhook.ids import new_id
 from flowhook.service import Services
+from flowhook.store import deliveries as deliveries_store
+from flowhook.store import delivery_queue, types
 from flowhook.store import events as events_store
-from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import Delivery, Mode
 from flowhook.store.tables import deliveries
@@ -146,7 +147,7 @@ async def test_a_stall_does_not_let_the_slots_it_missed_go_at_once(
     clock = FakeClock(datetime.now(UTC))
     t0 = clock.now()
     d = Dispatcher(db, clock, Wakeup(), owner="d1")
-    due = webhooks_store.DueDelivery(
+    due = delivery_queue.DueDelivery(
         id="dlv_x", event_id="evt_x", event_type="flow.completed", endpoint_id=ep.id,
         attempts=1, body=b"{}", url=ep.url, enabled=True, secret="s", previous_secret=None,
         previous_secret_expires_at=None, failing_since=None, created_at=t0, rate_limit=10,
@@ -199,7 +200,7 @@ async def _statuses(db: Database, ids: list[str]) -> list[tuple[str, bool]]:
                 )
             )
         ).all()
-    by_id = {r.id: (r.status, r.due_at.replace(tzinfo=UTC) == webhooks_store.HELD) for r in rows}
+    by_id = {r.id: (r.status, r.due_at.replace(tzinfo=UTC) == types.HELD) for r in rows}
     return [by_id[i] for i in ids]
 
 
@@ -216,18 +217,18 @@ async def test_fifo_holds_all_but_one_and_releases_in_event_order(db: Database) 
     ids = [d.id for d in queued]
     async with db.transaction() as conn:
         await events_store.insert_events(conn, events)
-        await webhooks_store.insert_deliveries(conn, queued, fifo=["ep_f"])
+        await deliveries_store.insert_deliveries(conn, queued, fifo=["ep_f"])
     assert await _statuses(db, ids) == [("pending", False)] + [("pending", True)] * 3
     async with db.transaction() as conn:  # as if a second were in hand when FIFO was set
         await conn.execute(update(deliveries).where(deliveries.c.id == ids[1]).values(due_at=now))
-        assert await webhooks_store.release_next(conn, "ep_f", now) is None
+        assert await deliveries_store.release_next(conn, "ep_f", now) is None
         await conn.execute(
             update(deliveries).where(deliveries.c.id == ids[0]).values(status="delivered")
         )
-        assert await webhooks_store.release_next(conn, "ep_f", now) is None  # ids[1] is due
+        assert await deliveries_store.release_next(conn, "ep_f", now) is None  # ids[1] is due
         await conn.execute(
             update(deliveries).where(deliveries.c.id == ids[1]).values(status="delivered")
         )
-        assert await webhooks_store.release_next(conn, "ep_f", now) == ids[2]
-        assert await webhooks_store.release_next(conn, "ep_f", now) is None
+        assert await deliveries_store.release_next(conn, "ep_f", now) == ids[2]
+        assert await deliveries_store.release_next(conn, "ep_f", now) is None
     assert (await _statuses(db, ids))[2:] == [("pending", False), ("pending", True)]

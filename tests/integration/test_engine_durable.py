@@ -380,9 +380,9 @@ async def test_flow_concurrency_holds_across_workers(
     run would show as a third request in flight."""
     real = runs_store.apply_progress
 
-    async def slow(conn: Any, items: Any, *, owner: str) -> list[bool]:
+    async def slow(conn: Any, items: Any, *, owner: str, handoff: Any = None) -> list[bool]:
         await asyncio.sleep(0.03)
-        return await real(conn, items, owner=owner)
+        return await real(conn, items, owner=owner, handoff=handoff)
 
     monkeypatch.setattr(runs_store, "apply_progress", slow)
     spans: list[tuple[float, float]] = []

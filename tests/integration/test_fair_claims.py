@@ -20,7 +20,7 @@ from sqlalchemy import text, update
 from flowhook.clock import FakeClock
 from flowhook.service import Services
 from flowhook.service.auth import Principal
-from flowhook.store import bulk
+from flowhook.store import pg_driver
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode, Run
@@ -176,7 +176,7 @@ async def test_the_claims_keep_one_plan_that_reads_the_queue_index(db: Database)
     ]
     async with db.statement() as conn:
         for i, (stmt, params) in enumerate(cases):
-            sql, order, own, _ = bulk._pg_raw_plan(stmt, conn.dialect)
+            sql, order, own, _ = pg_driver._pg_raw_plan(stmt, conn.dialect)
             await conn.exec_driver_sql(f"PREPARE probe{i} AS {sql}")
             values = [own[n] if n in own else params[n] for n, _, _ in order]
             values = [

@@ -15,7 +15,8 @@ from sqlalchemy import event
 from flowhook.clock import FakeClock
 from flowhook.errors import IdempotencyConflict, NotFound
 from flowhook.service import Services
-from flowhook.service.runs import IDEMPOTENCY_WINDOW, Started
+from flowhook.service.idempotency import IDEMPOTENCY_WINDOW
+from flowhook.service.runs import Started
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode

@@ -15,8 +15,8 @@ import tests.plugins  # noqa: F401 - registers the python steps used here
 from flowhook.clock import FakeClock
 from flowhook.engine.executor import Executor
 from flowhook.service import Principal, Services
+from flowhook.store import delivery_queue
 from flowhook.store import runs as runs_store
-from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode, RunStatus, StepStatus
 from tests.conftest import Api, Receiver
@@ -204,7 +204,7 @@ async def test_a_delivery_cut_short_shows_its_attempt_interrupted(
     await raise_event(db, who, clock)
     now = clock.now()
     async with db.transaction() as conn:  # a process claims it and dies mid-attempt
-        [dead] = await webhooks_store.claim_deliveries(
+        [dead] = await delivery_queue.claim_deliveries(
             conn, owner="dead", now=now, lease_until=now + LEASE, limit=8, per_endpoint=8
         )
     clock.advance(LEASE.total_seconds() + 1)
@@ -232,7 +232,7 @@ async def test_a_claim_again_marks_only_the_lines_left_open_before_it(
     for owner in ("dead-1", "dead-2", "alive"):
         now = clock.now()
         async with db.transaction() as conn:
-            [claimed] = await webhooks_store.claim_deliveries(
+            [claimed] = await delivery_queue.claim_deliveries(
                 conn, owner=owner, now=now, lease_until=now + LEASE, limit=8, per_endpoint=8
             )
         clock.advance(LEASE.total_seconds() + 1)
@@ -250,7 +250,7 @@ async def test_a_delivery_claimed_again_goes_before_the_backlog(
     await raise_event(db, who, clock)
     now = clock.now()
     async with db.transaction() as conn:
-        [dead] = await webhooks_store.claim_deliveries(
+        [dead] = await delivery_queue.claim_deliveries(
             conn, owner="dead", now=now, lease_until=now + LEASE, limit=8, per_endpoint=8
         )
     clock.advance(5)
@@ -258,7 +258,7 @@ async def test_a_delivery_claimed_again_goes_before_the_backlog(
     clock.advance(LEASE.total_seconds())
     now = clock.now()
     async with db.transaction() as conn:
-        [first] = await webhooks_store.claim_deliveries(
+        [first] = await delivery_queue.claim_deliveries(
             conn, owner="d", now=now, lease_until=now + LEASE, limit=1, per_endpoint=8
         )
     assert (first.id, first.attempts) == (dead.id, 2)

@@ -17,10 +17,10 @@ from flowhook.ids import pack_id
 from flowhook.service import Principal, Services
 from flowhook.service.overview import OverviewService, bucket_starts
 from flowhook.store import overview as overview_store
-from flowhook.store.children import HELD
 from flowhook.store.db import Database
 from flowhook.store.models import Mode, RunStatus
 from flowhook.store.tables import deliveries, runs
+from flowhook.store.types import HELD
 
 NOW = datetime(2026, 11, 24, 10, 30, 20, 500000, tzinfo=UTC)
 FLOW: dict[str, Any] = {

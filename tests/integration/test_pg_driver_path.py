@@ -1,5 +1,5 @@
-"""PostgreSQL: the store's raw statements (``bulk.run_pg``, ``bulk.update_each``) run on SQLAlchemy's asyncpg
-adapter without SQLAlchemy's execution layer (``bulk._driver_rows``). They must still behave
+"""PostgreSQL: the store's raw statements (``pg_driver.run_pg``, ``bulk.update_each``) run on SQLAlchemy's asyncpg
+adapter without SQLAlchemy's execution layer (``pg_driver._driver_rows``). They must still behave
 as through SQLAlchemy: inside the block's transaction, or each alone in autocommit; errors as
 ``DBAPIError``; a connection the server closed, or a statement cancelled halfway, dropped
 from the pool; and a listener on the engine's statements sees every one. These tests also
@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.errors import StoreUnavailable
-from flowhook.store import bulk
+from flowhook.store import bulk, driver, pg_driver
 from flowhook.store import db as db_module
 from flowhook.store.db import Database
 from flowhook.store.tables import metadata
@@ -61,7 +61,7 @@ def no_sqlalchemy_execution(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _one(conn: AsyncConnection, stmt: Any, **params: Any) -> Any:
-    [(value,)] = await bulk.run_pg(conn, stmt, params)
+    [(value,)] = await pg_driver.run_pg(conn, stmt, params)
     return value
 
 
@@ -95,8 +95,8 @@ async def test_a_failed_statement_is_a_dbapi_error_and_the_block_rolls_back(
 
     async def twice() -> None:
         async with pg.transaction() as conn:
-            await bulk.run_pg(conn, stmt, {"k": 1})
-            await bulk.run_pg(conn, stmt, {"k": 1})  # the same key again
+            await pg_driver.run_pg(conn, stmt, {"k": 1})
+            await pg_driver.run_pg(conn, stmt, {"k": 1})  # the same key again
 
     with pytest.raises(sa_exc.DBAPIError) as caught:
         await twice()
@@ -134,7 +134,7 @@ async def test_a_statement_cancelled_halfway_leaves_no_busy_connection_in_the_po
         nonlocal pid
         async with pg.statement() as conn:
             pid = await _one(conn, BACKEND)
-            await bulk.run_pg(conn, SLEEP, {"seconds": 1})
+            await pg_driver.run_pg(conn, SLEEP, {"seconds": 1})
 
     task = asyncio.create_task(sleep())
     await asyncio.sleep(0.2)
@@ -180,19 +180,19 @@ async def test_an_insert_then_a_read_is_one_statement_and_notifies_once_found_or
     )
     try:
         async with pg.transaction() as conn:
-            written = bulk.Insert(probe, [{"k": 1}, {"k": 2}], "driver_path", "first")
+            written = driver.Insert(probe, [{"k": 1}, {"k": 2}], "driver_path", "first")
             assert await bulk.insert_then_read(conn, written, above, {"floor": 0}) == []
-            written = bulk.Insert(probe, [{"k": 3}], "driver_path", "second")
+            written = driver.Insert(probe, [{"k": 3}], "driver_path", "second")
             found = await bulk.insert_then_read(conn, written, above, {"floor": 1})
             assert found == [(2,)]  # not 3: written by the same statement
             assert heard.empty()  # at commit
         async with asyncio.timeout(5):
             assert [await heard.get(), await heard.get()] == ["first", "second"]
         async with pg.transaction() as conn:  # without a channel: no NOTIFY
-            written = bulk.Insert(probe, [{"k": 4}])
+            written = driver.Insert(probe, [{"k": 4}])
             assert len(await bulk.insert_then_read(conn, written, above, {"floor": 0})) == 3
         async with pg.read() as conn:
-            assert [k for (k,) in await bulk.run_pg(conn, above, {"floor": 0})] == [1, 2, 3, 4]
+            assert [k for (k,) in await pg_driver.run_pg(conn, above, {"floor": 0})] == [1, 2, 3, 4]
         await asyncio.sleep(0.2)
         assert heard.empty()
     finally:
@@ -221,7 +221,7 @@ async def test_a_string_too_long_for_its_column_is_refused_not_cut_short(pg: Dat
             ),
             lambda conn: bulk.update(conn, short, [({"v": "too long"}, {"k": 1})]),
             lambda conn: bulk.insert_then_read(
-                conn, bulk.Insert(short, [{"k": 3, "v": "too long"}]), select(short.c.k), {}
+                conn, driver.Insert(short, [{"k": 3, "v": "too long"}]), select(short.c.k), {}
             ),
         ]
         async with pg.transaction() as conn:
@@ -257,13 +257,15 @@ async def test_a_new_connection_knows_the_array_types_of_every_column(
     assert looked_up, "the connection learned no array type when it was made"
     looked_up.clear()
     types = {
-        bulk.pg_item_type(column.type).compile(dialect=postgresql.dialect()): column.type
+        pg_driver.pg_item_type(column.type).compile(dialect=postgresql.dialect()): column.type
         for table in metadata.tables.values()
         for column in table.columns
     }
     async with pg.read() as conn:
         for type_ in types.values():
-            array = bindparam("a", type_=postgresql.ARRAY(bulk.pg_item_type(type_), dimensions=1))
+            array = bindparam(
+                "a", type_=postgresql.ARRAY(pg_driver.pg_item_type(type_), dimensions=1)
+            )
             size = func.cardinality(array, type_=Integer)
             assert await _one(conn, select(size), a=[None]) == 1
     assert looked_up == [], sorted(types)

@@ -1,4 +1,4 @@
-"""``bulk.run_pg``: a statement built once, run on PostgreSQL through the driver with each
+"""``pg_driver.run_pg``: a statement built once, run on PostgreSQL through the driver with each
 list bound as one array, gives the rows SQLAlchemy gives for the same statement and values
 (ids unpacked, datetimes aware), whatever the lists' lengths, empty ones included."""
 
@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from flowhook.store import bulk
+from flowhook.store import pg_driver
 from flowhook.store.db import Database
 from flowhook.store.types import IdType, OptionalJSON, UTCDateTime
 
@@ -109,7 +109,7 @@ async def db(pg_url: str) -> AsyncIterator[Database]:
 async def _both(db: Database, stmt: Any, params: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     """The rows of ``run_pg`` and of SQLAlchemy, each in a transaction rolled back."""
     found = []
-    for run in (bulk.run_pg, _through_sqlalchemy):
+    for run in (pg_driver.run_pg, _through_sqlalchemy):
         try:
             async with db.transaction() as conn:
                 found.append(await run(conn, stmt, params))
@@ -157,14 +157,14 @@ async def test_updates_with_and_without_returning(db: Database) -> None:
     fast, slow = await _both(db, MOVE, {"ids": IDS[2:4], "at": at})
     assert sorted(fast) == sorted(slow) == [(IDS[2], 12, at), (IDS[3], 13, at)]
     async with db.transaction() as conn:
-        assert await bulk.run_pg(conn, TOUCH, {"ids": IDS[:2]}) == []
+        assert await pg_driver.run_pg(conn, TOUCH, {"ids": IDS[:2]}) == []
         assert (await conn.execute(select(_T.on).where(_T.id == IDS[0]))).scalar() is False
 
 
 async def test_an_array_value_is_one_value_not_a_list_to_expand(db: Database) -> None:
     numbers = select(func.unnest(bindparam("xs", type_=ARRAY(Integer)), type_=Integer))
     async with db.read() as conn:
-        assert await bulk.run_pg(conn, numbers, {"xs": [3, 1, 2]}) == [(3,), (1,), (2,)]
+        assert await pg_driver.run_pg(conn, numbers, {"xs": [3, 1, 2]}) == [(3,), (1,), (2,)]
 
 
 async def test_a_none_sqlalchemy_binds_itself_and_a_list_used_twice(db: Database) -> None:
@@ -189,10 +189,10 @@ async def test_rows_written_as_one_array_per_column(db: Database) -> None:
         for i in range(12, 16)
     ]  # fmt: skip
     # a list first: one JSON value, not a second dimension of the array
-    v = bulk.unnested(things, [(c, c) for c in rows[0]])
+    v = pg_driver.unnested(things, [(c, c) for c in rows[0]])
     write = things.insert().from_select(list(rows[0]), select(*(v.c[c] for c in rows[0])))
     async with db.transaction() as conn:
-        assert await bulk.run_pg(conn, write, bulk.unnested_params(rows)) == []
+        assert await pg_driver.run_pg(conn, write, pg_driver.unnested_params(rows)) == []
         found = await conn.execute(select(things).where(_T.n >= 10).order_by(_T.id))
         empty = select(func.count()).where(_T.n >= 10, _T.doc.is_(None))
         assert (await conn.execute(empty)).scalar() == 1  # SQL NULL, not JSON null
@@ -204,4 +204,4 @@ def test_a_column_read_with_no_known_reading_fails_the_plan() -> None:
     from sqlalchemy.dialects.postgresql import asyncpg
 
     with pytest.raises(TypeError, match="no reading known"):
-        bulk._pg_raw_plan(select(other.c.amount), asyncpg.dialect())
+        pg_driver._pg_raw_plan(select(other.c.amount), asyncpg.dialect())

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from flowhook.cli import app as cli
 from flowhook.errors import SecretKeyError
 from flowhook.signing import new_secret, standard_signature, x_service_signature
+from flowhook.store import endpoints
 from flowhook.store import hooks as hooks_store
-from flowhook.store import webhooks as webhooks_store
 from flowhook.store.crypto import PREFIX, generate_key
 from flowhook.store.db import Database
 from flowhook.store.migrate import current_revision, head_revision, migrate
@@ -165,7 +165,7 @@ async def test_the_migration_seals_plaintext_rows_and_they_sign_the_same(empty_u
         assert not any(p in v for p in LEGACY.values() for v in stored)
 
         async with db.read() as conn:
-            ep = await webhooks_store.get_endpoint(conn, "ep_1")
+            ep = await endpoints.get_endpoint(conn, "ep_1")
             hmac_hook = await hooks_store.get_hook(conn, "hk_1")
             standard_hook = await hooks_store.get_hook(conn, "hk_2")
             open_hook = await hooks_store.get_hook(conn, "hk_3")
@@ -203,7 +203,7 @@ async def _seed(url: str, key: str | None) -> Endpoint:
             None, 10, NOW,
         )  # fmt: skip
         async with db.transaction() as conn:
-            await webhooks_store.insert_endpoint(conn, ep)
+            await endpoints.insert_endpoint(conn, ep)
             await hooks_store.insert_hook(conn, hook)
         return ep
     finally:
@@ -215,7 +215,7 @@ async def _read(url: str, key: str) -> tuple[Endpoint | None, list[str]]:
     try:
         await migrate(db)
         async with db.read() as conn:
-            return await webhooks_store.get_endpoint(conn, "ep_1"), await raw_secrets(db)
+            return await endpoints.get_endpoint(conn, "ep_1"), await raw_secrets(db)
     finally:
         await db.dispose()
 

@@ -334,12 +334,16 @@ async def test_a_resumed_wait_whose_next_write_is_lost_takes_the_same_signal_aga
     real, lost = runs_store.apply_progress, []
 
     async def apply_progress(
-        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+        conn: AsyncConnection,
+        items: Sequence[runs_store.Progress],
+        *,
+        owner: str,
+        handoff: Any = None,
     ) -> list[bool]:
         if not lost:
             lost.append([item.steps for item in items])
             raise RuntimeError("the database went away")
-        return await real(conn, items, owner=owner)
+        return await real(conn, items, owner=owner, handoff=handoff)
 
     monkeypatch.setattr(runs_store, "apply_progress", apply_progress)
     assert await worker.run_once() == 1

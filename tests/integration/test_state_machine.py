@@ -17,9 +17,10 @@ from sqlalchemy import event, select, update
 from flowhook.events import make_event
 from flowhook.ids import new_id
 from flowhook.signing import new_secret
+from flowhook.store import attempts, delivery_reads, endpoints
+from flowhook.store import deliveries as deliveries_store
 from flowhook.store import events as events_store
 from flowhook.store import runs as runs_store
-from flowhook.store import webhooks as webhooks_store
 from flowhook.store.db import Database
 from flowhook.store.models import (
     DELIVERY_TRANSITIONS,
@@ -34,7 +35,7 @@ from flowhook.store.models import (
     RunStep,
     StepStatus,
 )
-from flowhook.store.tables import deliveries, runs
+from flowhook.store.tables import deliveries, delivery_attempts, runs
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 OWNER = "w-1"
@@ -223,24 +224,22 @@ async def _delivery_in(db: Database, status: DeliveryStatus, *, owner: str = OWN
     delivery = Delivery.queued(new_id("dlv"), event, "ep_gone")
     async with db.transaction() as conn:
         await events_store.insert_events(conn, [event])
-        await webhooks_store.insert_deliveries(conn, [delivery])
+        await deliveries_store.insert_deliveries(conn, [delivery])
         await conn.execute(
             update(deliveries)
             .where(deliveries.c.id == delivery.id)
             .values(status=str(status), lease_owner=owner, attempts=1)
         )
         await conn.execute(
-            webhooks_store.delivery_attempts.insert().values(
-                delivery_id=delivery.id, number=1, started_at=NOW
-            )
+            delivery_attempts.insert().values(delivery_id=delivery.id, number=1, started_at=NOW)
         )
     return delivery.id
 
 
-def _completion(delivery_id: str, target: DeliveryStatus) -> webhooks_store.Completion:
+def _completion(delivery_id: str, target: DeliveryStatus) -> attempts.Completion:
     later = NOW + timedelta(seconds=1)
     attempt = Attempt(number=1, started_at=NOW, finished_at=later, duration_ms=1000)
-    return webhooks_store.Completion(
+    return attempts.Completion(
         delivery_id=delivery_id,
         endpoint_id="ep_gone",
         attempt=attempt,
@@ -266,9 +265,7 @@ async def test_every_delivery_move(
 ) -> None:
     delivery_id = await _delivery_in(db, source)
     async with db.transaction() as conn:
-        lost = await webhooks_store.finish_attempts(
-            conn, [_completion(delivery_id, target)], owner=OWNER
-        )
+        lost = await attempts.finish_attempts(conn, [_completion(delivery_id, target)], owner=OWNER)
     legal = target in DELIVERY_TRANSITIONS[source]
     assert lost == ([] if legal else [delivery_id])
     assert await _delivery_status(db, delivery_id) is (target if legal else source)
@@ -280,7 +277,7 @@ async def test_a_delivery_another_process_claimed_is_left_alone_and_reported(
     mine = await _delivery_in(db, DeliveryStatus.PENDING)
     theirs = await _delivery_in(db, DeliveryStatus.PENDING, owner="w-2")
     async with db.transaction() as conn:
-        lost = await webhooks_store.finish_attempts(
+        lost = await attempts.finish_attempts(
             conn,
             [
                 _completion(theirs, DeliveryStatus.SUCCEEDED),
@@ -292,7 +289,7 @@ async def test_a_delivery_another_process_claimed_is_left_alone_and_reported(
     assert await _delivery_status(db, mine) is DeliveryStatus.FAILED
     assert await _delivery_status(db, theirs) is DeliveryStatus.PENDING
     async with db.read() as conn:  # the attempt's line still records what it saw
-        found = await webhooks_store.get_delivery(conn, "ws_a", Mode.TEST, theirs)
+        found = await delivery_reads.get_delivery(conn, "ws_a", Mode.TEST, theirs)
     assert found is not None and found.attempt_log[0].duration_ms == 1000
 
 
@@ -305,7 +302,7 @@ async def test_successes_move_log_and_heal_in_one_statement_on_postgresql(db: Da
         new_secret(), NOW, NOW, failing_since=NOW,
     )  # fmt: skip
     async with db.transaction() as conn:
-        await webhooks_store.insert_endpoint(conn, ep)
+        await endpoints.insert_endpoint(conn, ep)
     mine = await _delivery_in(db, DeliveryStatus.PENDING)
     theirs = await _delivery_in(db, DeliveryStatus.PENDING, owner="w-2")
     seen: list[str] = []
@@ -316,7 +313,7 @@ async def test_successes_move_log_and_heal_in_one_statement_on_postgresql(db: Da
     event.listen(db.writer.sync_engine, "before_cursor_execute", record)
     try:
         async with db.transaction() as conn:
-            lost = await webhooks_store.finish_attempts(
+            lost = await attempts.finish_attempts(
                 conn,
                 [
                     _completion(theirs, DeliveryStatus.SUCCEEDED),
@@ -332,9 +329,9 @@ async def test_successes_move_log_and_heal_in_one_statement_on_postgresql(db: Da
     assert await _delivery_status(db, theirs) is DeliveryStatus.PENDING
     async with db.read() as conn:
         for delivery_id in (mine, theirs):
-            found = await webhooks_store.get_delivery(conn, "ws_a", Mode.TEST, delivery_id)
+            found = await delivery_reads.get_delivery(conn, "ws_a", Mode.TEST, delivery_id)
             assert found is not None and found.attempt_log[0].duration_ms == 1000
-        healed = await webhooks_store.get_endpoint(conn, "ep_gone")
+        healed = await endpoints.get_endpoint(conn, "ep_gone")
     assert healed is not None and healed.failing_since is None
     if not db.is_sqlite:
         assert len(seen) == 1, seen
@@ -345,9 +342,9 @@ async def test_the_guard_holds_on_sqlalchemy_s_path_too(
 ) -> None:
     """Without the inline driver's raw connection (SQLite) the guarded write goes through
     SQLAlchemy row by row (PostgreSQL keeps its own statement); the verdicts are the same."""
-    from flowhook.store import bulk
+    from flowhook.store import sqlite_driver
 
-    monkeypatch.setattr(bulk, "raw_sqlite", lambda _conn: None)
+    monkeypatch.setattr(sqlite_driver, "raw_sqlite", lambda _conn: None)
     moving = await _run_in(db, RunStatus.RUNNING)
     ended = await _run_in(db, RunStatus.FAILED)
     change = runs_store.StatusChange(RunStatus.COMPLETED, {"finished_at": NOW})

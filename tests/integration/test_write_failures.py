@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -39,7 +40,11 @@ async def test_a_run_whose_write_fails_is_released_at_once_and_its_batch_still_l
     real = runs_store.apply_progress
 
     async def apply_progress(
-        conn: AsyncConnection, items: Sequence[runs_store.Progress], *, owner: str
+        conn: AsyncConnection,
+        items: Sequence[runs_store.Progress],
+        *,
+        owner: str,
+        handoff: Any = None,
     ) -> list[bool]:
         batches.append([item.run_id for item in items])
         if len(batches) == 1 and len(items) < len(ids):  # let the others queue behind it
@@ -50,7 +55,7 @@ async def test_a_run_whose_write_fails_is_released_at_once_and_its_batch_still_l
             poisoned.append(items[-1].run_id)
         if poisoned and any(item.run_id == poisoned[0] for item in items):
             raise RuntimeError("this run's progress cannot be stored")
-        return await real(conn, items, owner=owner)
+        return await real(conn, items, owner=owner, handoff=handoff)
 
     monkeypatch.setattr(runs_store, "apply_progress", apply_progress)
     worker = Worker(db, clock, services.wakeup, lease_seconds=30)

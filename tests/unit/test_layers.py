@@ -19,15 +19,10 @@ FACES = ("flowhook.api", "flowhook.web")
 COMPOSITION_ROOT = "flowhook.app"
 
 PENDING: dict[tuple[str, str], str] = {
-    ("flowhook.cli", "flowhook.api.app"): "cli.py (the store part's) builds the app from "
-    "flowhook.app: then this import and the next go",
-    ("flowhook.api.app", "flowhook.app"): "the re-export that keeps flowhook.api.app:create_app "
-    "and :api_app working for cli.py meanwhile",
-    ("flowhook.store.children", "flowhook.events"): "run_duration_ms is flowhook.store.models's",
-    ("flowhook.store.trees", "flowhook.events"): "run_duration_ms is flowhook.store.models's",
+    ("flowhook.api.app", "flowhook.app"): "a shim, for the bench scripts: bench/ab.sh runs this "
+    "checkout's scripts on older commits too, where the app was flowhook.api.app's",
 }
-"""Imports that point the wrong way from files another part of issue 52 owns, each until
-that part's change lands (module, the name it imports): why it goes."""
+"""Imports that point the wrong way on purpose (module, the name it imports): why."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "store": (
@@ -195,3 +190,68 @@ def test_the_cli_starts_without_the_server_stack() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def _outside_the_store() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] != "store")
+
+
+def test_only_the_store_imports_sqlalchemy() -> None:
+    """All SQL lives in ``store/`` (STYLE.md habit 2): no module above it imports SQLAlchemy,
+    not even for a type (``flowhook.store.db.Connection`` names the connection)."""
+    offenders = []
+    for path in _outside_the_store():
+        name = str(path.relative_to(ROOT))
+        offenders += [
+            f"{name} imports {i}"
+            for i in imports_of(path)
+            if i == "sqlalchemy" or i.startswith("sqlalchemy.")
+        ]
+    assert offenders == []
+
+
+BACKENDS = {"sqlite", "postgresql", "postgres"}
+
+
+def _backend_branches(path: Path) -> list[str]:
+    """Where ``path`` tells the backends apart: a backend's name compared (``==``, ``in``,
+    ``startswith``), or a connection's or database's ``dialect`` / ``is_sqlite`` read."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Constant) and s.value in BACKENDS for s in sides):
+                found.append(f"line {node.lineno}: compares a backend's name")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "startswith" and any(
+                isinstance(a, ast.Constant) and a.value in BACKENDS for a in node.args
+            ):
+                found.append(f"line {node.lineno}: startswith a backend's name")
+        elif isinstance(node, ast.Attribute) and node.attr in ("dialect", "is_sqlite"):
+            found.append(f"line {node.lineno}: reads .{node.attr}")
+    return found
+
+
+def test_no_backend_branch_outside_the_store() -> None:
+    """What differs between SQLite and PostgreSQL is the store driver's to know
+    (``flowhook.store.driver``): the layers above ask it by name (``db.listen_dsn``,
+    ``db.driver.one_writer``), never which backend it is."""
+    offenders = [
+        f"{path.relative_to(ROOT)} {where}"
+        for path in _outside_the_store()
+        for where in _backend_branches(path)
+    ]
+    assert offenders == []
+
+
+def test_the_backend_check_finds_a_branch(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "if db.dialect == 'postgresql':\n    pass\n"
+        'if conn.dialect.name != "sqlite":\n    pass\n'
+        "ok = url.startswith('sqlite')\n"
+        "if db.is_sqlite:\n    pass\n"
+    )
+    found = _backend_branches(probe)
+    assert len([f for f in found if "compares" in f]) == 2
+    assert any("startswith" in f for f in found) and any("is_sqlite" in f for f in found)

@@ -1,4 +1,4 @@
-"""``bulk.run_raw``: a statement built once, run straight on ``sqlite3`` with its values
+"""``sqlite_driver.run_raw``: a statement built once, run straight on ``sqlite3`` with its values
 converted as the store's types bind them on SQLite, lists expanded per length."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Boolean, Column, Integer, MetaData, String, Table, bindparam, select
 from sqlalchemy.exc import DBAPIError
 
-from flowhook.store import bulk
+from flowhook.store import sqlite_driver
 from flowhook.store.sqlite_inline import InlineConnection
 from flowhook.store.types import UTCDateTime, to_micros
 
@@ -53,22 +53,24 @@ async def test_values_are_bound_as_stored_and_lists_expand_per_length(
     inline: InlineConnection,
 ) -> None:
     since = (T0 + timedelta(seconds=1)).astimezone(UTC)
-    rows = await bulk.run_raw(
+    rows = await sqlite_driver.run_raw(
         inline, STMT, {"skip": ["t0"], "since": since, "on": True, "limit": 9}
     )
     t1, t3 = 1767268801000005, 1767268803000005  # 2026-01-01 12:00:01.000005, :03.000005
     assert rows == [("t1", t1), ("t3", t3)]
-    assert bulk.stored_datetime(rows[0][1]) == T0 + timedelta(seconds=1)
-    assert bulk.stored_datetime(rows[1][1]) == T0 + timedelta(seconds=3)
+    assert sqlite_driver.stored_datetime(rows[0][1]) == T0 + timedelta(seconds=1)
+    assert sqlite_driver.stored_datetime(rows[1][1]) == T0 + timedelta(seconds=3)
     fewer = {"skip": ["t0", "t1"], "since": since, "on": True, "limit": 9}
-    assert await bulk.run_raw(inline, STMT, fewer) == [("t3", t3)]
+    assert await sqlite_driver.run_raw(inline, STMT, fewer) == [("t3", t3)]
     off = {"skip": ["x"], "since": T0, "on": False, "limit": 1}
-    assert await bulk.run_raw(inline, STMT, off) == [("t0", 1767268800000005)]
+    assert await sqlite_driver.run_raw(inline, STMT, off) == [("t0", 1767268800000005)]
 
 
 async def test_errors_come_as_sqlalchemy_raises_them(inline: InlineConnection) -> None:
     with pytest.raises(ValueError, match="empty list"):
-        await bulk.run_raw(inline, STMT, {"skip": [], "since": T0, "on": True, "limit": 1})
+        await sqlite_driver.run_raw(inline, STMT, {"skip": [], "since": T0, "on": True, "limit": 1})
     inline.raw.execute("DROP TABLE things")
     with pytest.raises(DBAPIError):
-        await bulk.run_raw(inline, STMT, {"skip": ["x"], "since": T0, "on": True, "limit": 1})
+        await sqlite_driver.run_raw(
+            inline, STMT, {"skip": ["x"], "since": T0, "on": True, "limit": 1}
+        )

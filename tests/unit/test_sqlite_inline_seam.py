@@ -19,7 +19,7 @@ from sqlalchemy.connectors.asyncio import AsyncAdapt_dbapi_connection
 from sqlalchemy.dialects.sqlite import aiosqlite as sa_aiosqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from flowhook.store import bulk, sqlite_inline
+from flowhook.store import sqlite_driver, sqlite_inline
 from flowhook.store.sqlite_inline import InlineConnection, SQLiteDialect_inline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ async def test_a_round_trip_through_sqlalchemy_uses_the_inline_connection(
         async with engine.begin() as conn:
             driver = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
             assert isinstance(driver, InlineConnection), _review("driver_connection changed")
-            assert bulk.raw_sqlite(conn) is driver.raw
+            assert sqlite_driver.raw_sqlite(conn) is driver.raw
             await conn.exec_driver_sql("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
             await conn.execute(text("INSERT INTO t VALUES (:k, :v)"), [{"k": 1, "v": "a"}])
         async with engine.connect() as conn:

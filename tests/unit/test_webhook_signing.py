@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from flowhook.config import parse_schedule
 from flowhook.signing import new_secret, standard_signature, x_service_signature
-from flowhook.webhooks.retry import next_attempt_at, parse_schedule
+from flowhook.webhooks.retry import next_attempt_at
 
 VECTORS = json.loads((Path(__file__).parents[1] / "data" / "signature-vectors.json").read_text())[
     "cases"

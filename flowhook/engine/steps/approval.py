@@ -21,9 +21,8 @@ from flowhook.store.approvals import Approval, new_token, token_hash
 from flowhook.store.models import RunStatus, RunStep, StepStatus
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
     from flowhook.engine.durable import Attempt, Cursor
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["ApprovalStep", "ApprovalStore", "MAX_MESSAGE"]
 

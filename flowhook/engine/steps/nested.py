@@ -16,7 +16,7 @@ from flowhook.store import trees as trees_store
 from flowhook.store.models import Event, Flow, Mode, Run
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["NestedStore", "STORE"]
 

@@ -20,9 +20,8 @@ from flowhook.store.models import RunStatus, RunStep, StepStatus
 from flowhook.store.signals import Signal, Wait
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
     from flowhook.engine.durable import Attempt, Cursor
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["WaitStep", "SignalStore"]
 

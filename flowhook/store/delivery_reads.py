@@ -1,0 +1,159 @@
+"""Reads of deliveries and their attempt logs: the API's lists and pages, a recovery's
+failed deliveries, the metrics' oldest pending one, the endpoints' counts."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Mode
+from flowhook.store.rows import owned, page
+from flowhook.store.tables import deliveries, delivery_attempts, events
+
+__all__ = [
+    "get_delivery",
+    "list_deliveries",
+    "failed_deliveries_between",
+    "events_in_hand",
+    "oldest_pending",
+    "endpoint_stats",
+]
+
+_D = deliveries.c
+
+
+async def get_delivery(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, delivery_id: str
+) -> Delivery | None:
+    q = select(deliveries).where(owned(_D.id, delivery_id, workspace_id, mode))
+    row = (await conn.execute(q)).first()
+    if row is None:
+        return None
+    found = Delivery.from_row(row)
+    attempts_q = (
+        select(delivery_attempts)
+        .where(delivery_attempts.c.delivery_id == delivery_id)
+        .order_by(delivery_attempts.c.number)
+    )
+    found.attempt_log = [Attempt.from_row(a) for a in (await conn.execute(attempts_q)).all()]
+    return found
+
+
+async def list_deliveries(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    *,
+    limit: int,
+    after: str | None = None,
+    status: DeliveryStatus | None = None,
+    endpoint_id: str | None = None,
+    event_type: str | None = None,
+    run_id: str | None = None,
+) -> list[Delivery]:
+    equal: dict[str, Any] = {"status": status, "endpoint_id": endpoint_id, "event_type": event_type}
+    if run_id is None:
+        q = page(deliveries, _D.id, workspace_id, mode, limit=limit, after=after, **equal)
+    else:
+        q = _of_run(workspace_id, mode, run_id, limit=limit, after=after, **equal)
+    return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+def _of_run(
+    workspace_id: str, mode: Mode, run_id: str, *, limit: int, after: str | None, **equal: Any
+) -> Any:
+    """:func:`list_deliveries` of one run: as :func:`page` would read them, but found through
+    the run's events (a delivery's run is its event's; there is no index on run_id). The
+    workspace is compared as ``coalesce(workspace_id, workspace_id)`` so that no index serves
+    it (an expression, of the same type: ``|| ''`` made a packed id text): SQLite, which
+    has no statistics to choose by, would otherwise read the workspace's deliveries newest
+    first (the ORDER BY's index) down to the run's, every one of them for an old run."""
+    q = (
+        select(deliveries)
+        .where(
+            _D.event_id.in_(select(events.c.id).where(events.c.run_id == run_id)),
+            _D.run_id == run_id,
+            func.coalesce(_D.workspace_id, _D.workspace_id) == workspace_id,
+            _D.mode == mode.value,
+        )
+        .order_by(_D.id.desc())
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(_D.id < after)
+    for name, value in equal.items():
+        if value is not None:
+            q = q.where(_D[name] == (value.value if isinstance(value, enum.Enum) else value))
+    return q
+
+
+async def failed_deliveries_between(
+    conn: AsyncConnection,
+    endpoint_id: str,
+    since: datetime,
+    until: datetime,
+    *,
+    after: str | None = None,
+    limit: int = 200,
+) -> list[Delivery]:
+    """The endpoint's failed deliveries created in [since, until], by id, after ``after``."""
+    q = (
+        select(deliveries)
+        .where(
+            _D.endpoint_id == endpoint_id,
+            _D.status == str(DeliveryStatus.FAILED),
+            _D.created_at >= since,
+            _D.created_at <= until,
+        )
+        .order_by(_D.id)
+        .limit(limit)
+    )
+    if after is not None:
+        q = q.where(_D.id > after)
+    return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def events_in_hand(conn: AsyncConnection, endpoint_id: str, event_ids: set[str]) -> set[str]:
+    """Which of ``event_ids`` have a delivery to the endpoint that did not fail (sent or
+    on its way), so recovering them again would send them twice."""
+    if not event_ids:
+        return set()
+    q = select(_D.event_id).where(
+        _D.endpoint_id == endpoint_id,
+        _D.event_id.in_(sorted(event_ids)),
+        _D.status != str(DeliveryStatus.FAILED),
+    )
+    return set((await conn.execute(q)).scalars())
+
+
+async def oldest_pending(conn: AsyncConnection) -> datetime | None:
+    """When the oldest delivery still pending was created (for the age metric)."""
+    value = (
+        await conn.execute(
+            select(func.min(_D.created_at)).where(_D.status == str(DeliveryStatus.PENDING))
+        )
+    ).scalar_one_or_none()
+    assert value is None or isinstance(value, datetime)
+    return value
+
+
+async def endpoint_stats(
+    conn: AsyncConnection, endpoint_ids: Sequence[str], since: datetime
+) -> dict[str, dict[str, int]]:
+    """Deliveries per endpoint and status created since ``since``."""
+    stats: dict[str, dict[str, int]] = {i: {} for i in endpoint_ids}
+    if not endpoint_ids:
+        return stats
+    q = (
+        select(_D.endpoint_id, _D.status, func.count())
+        .where(_D.endpoint_id.in_(list(endpoint_ids)), _D.created_at >= since)
+        .group_by(_D.endpoint_id, _D.status)
+    )
+    for endpoint_id, status, n in (await conn.execute(q)).all():
+        stats[endpoint_id][status] = int(n)
+    return stats
