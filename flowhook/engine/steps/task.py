@@ -26,9 +26,8 @@ from flowhook.store.models import RunStatus, RunStep, StepStatus
 from flowhook.store.tasks import Task
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
-
     from flowhook.engine.durable import Attempt, Cursor
+    from flowhook.store.db import Connection as AsyncConnection
 
 __all__ = ["TaskStep", "TaskStore", "DEFAULT_HEARTBEAT"]
 
