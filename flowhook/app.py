@@ -112,11 +112,13 @@ class _Life:
     async def _start(
         self, app: FastAPI, db: Database, services: Services, stack: contextlib.AsyncExitStack
     ) -> None:
-        """Watch for revoked keys, seed an empty database when asked, and start the engine:
+        """Watch for revoked keys and queued tasks, seed an empty database when asked, and start the engine:
         the process beside this one, or the worker in this one."""
         revocations = RevocationWatch(db, services.keys)
         stack.push_async_callback(revocations.stop)
         await revocations.start()
+        stack.push_async_callback(services.tasks.stop)
+        await services.tasks.start()
         if self.on_bootstrap is not None:
             seeded = await bootstrap(db, services.keys, services.flows)
             if seeded is not None:

@@ -12,7 +12,9 @@ What travels (short text messages, several wake-ups coalesced into one per loop 
 - API → engine: ``runs`` and ``deliveries``, whenever a commit in the API process queued
   that kind of work (a run accepted, a signal, a cancel request, a test webhook), which is
   what the in-process :class:`~flowhook.store.wakeup.Wakeup` did when both shared a process;
-- engine → API: ``events:<id>`` after a commit that wrote events, with the lowest id it
+- engine → API: ``tasks`` after a commit that queued a ``task`` step's task, which wakes the
+  workers' claims waiting in the API process (``POST /api/v1/tasks/claim``);
+  ``events:<id>`` after a commit that wrote events, with the lowest id it
   wrote, so the API process's event streams hear of the engine's events as they did of their
   own (``Database.on_events``); ``ready`` once the engine has started; ``stopping`` when it
   was told to stop (SIGTERM: to it alone, or to the process group, as ``systemd`` and
@@ -57,7 +59,10 @@ log = logging.getLogger("flowhook")
 READY = "ready"
 STOPPING = "stopping"
 EVENTS = "events:"
-KINDS = ("runs", "deliveries")
+KINDS = ("runs", "deliveries", "tasks")
+TO_ENGINE = ("runs", "deliveries")
+"""What the API process's commits queue for the engine's worker and dispatcher; the engine's
+own commits queue ``tasks`` for the API's claims (the worker protocol's long polls)."""
 START_TIMEOUT = 120.0
 """Seconds the API process waits for its engine to say it started."""
 MAX_MESSAGE = 65536
@@ -205,8 +210,9 @@ class PeerLink:
 def attach_api(link: PeerLink, db: Database) -> None:
     """The API process's side: its wake-ups also go to the engine, and the engine's event
     announcements reach whatever listens here (the event streams' hub)."""
-    for kind in KINDS:
+    for kind in TO_ENGINE:
         db.wakeups[kind].forward = functools.partial(link.wake, kind)
+    link.on_wake = lambda kind: db.wakeups[kind].notify()  # tasks the engine queued
 
     def announce(floor: str | None) -> None:
         if db.on_events is not None:
@@ -219,6 +225,7 @@ def attach_engine(link: PeerLink, db: Database) -> None:
     """The engine process's side: wake-ups from the API poke its worker and dispatcher, and
     each commit that wrote events is announced to the API process."""
     link.on_wake = lambda kind: db.wakeups[kind].notify()
+    db.wakeups["tasks"].forward = functools.partial(link.wake, "tasks")
     db.on_events = link.events
 
 

@@ -3,14 +3,14 @@
 Lists print tables; ``--json`` prints what the API answered.
 
 A module per group of commands (:mod:`.flows`, :mod:`.runs`, :mod:`.webhooks`,
-:mod:`.triggers`), over the connection (:mod:`.connection`), the output
+:mod:`.triggers`, :mod:`.tasks`), over the connection (:mod:`.connection`), the output
 (:mod:`.output`) and the parameters several commands share (:mod:`.params`)."""
 
 from __future__ import annotations
 
 import typer
 
-from flowhook.cli_remote import flows, runs, triggers, webhooks
+from flowhook.cli_remote import flows, runs, tasks, triggers, webhooks
 
 __all__ = ["register"]
 
@@ -24,5 +24,7 @@ def register(app: typer.Typer) -> None:
         ("hooks", triggers.hooks),
         ("schedules", triggers.schedules),
         ("signals", triggers.signals),
+        ("tasks", tasks.tasks),
+        ("workers", tasks.workers),
     ):
         app.add_typer(sub, name=name)

@@ -11,7 +11,7 @@ __all__ = [
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
     "create_hook", "create_schedule", "list_schedules", "flow_versions", "delete_flow",
     "get_endpoint", "delete_endpoint", "test_endpoint", "list_hooks", "get_hook", "rotate_hook",
-    "delete_hook", "update_schedule", "delete_schedule",
+    "delete_hook", "update_schedule", "delete_schedule", "workers",
 ]  # fmt: skip
 
 
@@ -172,3 +172,7 @@ def update_schedule(schedule_id: str, changes: dict[str, Any]) -> Call:
 
 def delete_schedule(schedule_id: str) -> Call:
     return Call("DELETE", f"/schedules/{schedule_id}")
+
+
+def workers() -> Call:
+    return Call("GET", "/workers")

@@ -234,6 +234,11 @@ class Client:
     def list_schedules(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return list(self._send(calls.list_schedules(limit))["data"])
 
+    def workers(self) -> dict[str, Any]:
+        """``{"workers": [...], "queues": [...]}``: the workers seen in the last 60 s (their
+        tasks, when last seen, how many tasks each holds) and each task name's queue."""
+        return dict(self._send(calls.workers()))
+
     def flow_versions(self, flow_id: str) -> list[dict[str, Any]]:
         """A flow's versions, newest first: ``{"version", "created_at"}`` each."""
         return list(self._send(calls.flow_versions(flow_id))["data"])

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from flowhook.service.lookup import missing
 from flowhook.store import tasks as tasks_store
 from flowhook.store.db import Database
 from flowhook.store.tasks import QueueDepth, Task, WorkerSeen
-from flowhook.store.wakeup import Broadcast, Wakeup
+from flowhook.store.wakeup import Broadcast, PgListener, Wakeup
 
 __all__ = ["TaskService", "Ended", "MAX_CLAIM", "MAX_WAIT", "TASK_NAME", "WORKERS_SEEN"]
 
@@ -61,14 +62,37 @@ class TaskService:
         self._ready = ready if isinstance(ready, Broadcast) else Broadcast()
         self._max_output = max_output_bytes
         self._seen: dict[tuple[str, str, str], float] = {}
+        self._listener: PgListener | None = None
+
+    async def start(self) -> None:
+        """Hear the tasks other processes queue (PostgreSQL's ``NOTIFY``; on SQLite the
+        engine process beside this one tells it, :mod:`flowhook.peer`)."""
+        dsn = self._db.listen_dsn
+        if dsn is not None:
+            self._listener = PgListener(dsn, {tasks_store.TASKS_CHANNEL: self._ready})
+            await self._listener.start()
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
 
     # -- claim ---------------------------------------------------------------------------
 
     async def claim(
-        self, who: Principal, worker_id: str, names: list[str], limit: int, wait: float
+        self,
+        who: Principal,
+        worker_id: str,
+        names: list[str],
+        limit: int,
+        wait: float,
+        *,
+        gone: Callable[[], Awaitable[bool]] | None = None,
     ) -> list[Task]:
         """Up to ``limit`` tasks of ``names`` for ``worker_id``: as soon as one is ready
-        (made ready by any process), else none once ``wait`` seconds have passed."""
+        (made ready by any process), else none once ``wait`` seconds have passed or the
+        worker has ``gone`` (it hung up: what a claim took for it would wait for its lease
+        to run out, so the poll stops claiming)."""
         _check_claim(worker_id, names, limit, wait)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -80,6 +104,8 @@ class TaskService:
                 return found
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(left, _RECHECK))
+            if gone is not None and await gone():
+                return []
 
     async def _claim_once(
         self, who: Principal, worker_id: str, names: list[str], limit: int

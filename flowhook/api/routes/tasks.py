@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
@@ -159,8 +159,12 @@ def _ended(ended: Ended) -> Response:
     "ends: heartbeat it, then complete or fail it with the attempt given here.",
     responses={200: {"model": Claimed}, **_ERRORS},
 )
-async def claim(body: ClaimRequest, services: ServicesDep, who: CallerDep) -> Response:
-    found = await services.tasks.claim(who, body.worker_id, body.tasks, body.max, body.wait_seconds)
+async def claim(
+    body: ClaimRequest, request: Request, services: ServicesDep, who: CallerDep
+) -> Response:
+    found = await services.tasks.claim(
+        who, body.worker_id, body.tasks, body.max, body.wait_seconds, gone=request.is_disconnected
+    )
     return ORJSONResponse({"tasks": [_claimed(t) for t in found]})
 
 
