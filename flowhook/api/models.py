@@ -235,10 +235,26 @@ class StepRecord(BaseModel):
 
 
 class WaitingFor(BaseModel):
-    reason: str = Field(description="`concurrency`, `throttle` or `debounce`.")
-    key: str | None = Field(description="The key value it waits on (null: the whole flow).")
+    reason: str = Field(
+        description="`concurrency`, `throttle` or `debounce` (a queued run that flow control "
+        "holds back); `task` (a running run asleep in a `task` step)."
+    )
+    key: str | None = Field(
+        default=None, description="The key value it waits on (null: the whole flow)."
+    )
     until: str | None = Field(
-        default=None, description="A throttled run: the start reserved for it."
+        default=None,
+        description="A throttled run: the start reserved for it; a task: when it may be "
+        "claimed (a retry's backoff).",
+    )
+    task: str | None = Field(default=None, description="A task: its name.")
+    task_id: str | None = None
+    worker_id: str | None = Field(default=None, description="A task: the worker holding it.")
+    attempt: int | None = Field(default=None, description="A task held: the attempt.")
+    no_worker: bool | None = Field(
+        default=None,
+        description="A task waiting for a worker: true when no worker running its name was "
+        "seen in the last 60 s (start one: `flowhook tasks serve`).",
     )
 
 
@@ -334,7 +350,7 @@ def _step(step: RunStep) -> dict[str, Any]:
 def _waiting_for(run: Run) -> dict[str, Any] | None:
     why = run.waiting_for
     if why is not None:
-        why["until"] = ts(why["until"])
+        why["until"] = ts(why.get("until"))
     return why
 
 

@@ -223,6 +223,11 @@ _DELIVERY_ACTIONS = [
     ("post", "/webhooks/deliveries/{delivery_id}/replay"),
 ]
 _EVENT_ACTIONS = [("get", "/events/{event_id}")]
+_TASK_ACTIONS = [
+    ("post", "/tasks/{task_id}/heartbeat"),
+    ("post", "/tasks/{task_id}/complete"),
+    ("post", "/tasks/{task_id}/fail"),
+]
 
 # (operation, status) → [(target operation, parameter, runtime expression, request body)]
 _Link = tuple[tuple[str, str], str, str, dict[str, str] | None]
@@ -272,6 +277,9 @@ _LINKS: dict[tuple[str, str, str], list[_Link]] = {
     ("get", "/hooks", "200"): _to(_HOOK_ACTIONS, "hook_id", "$response.body#/data/0/id"),
     ("post", "/hooks/{hook_id}", "202"): _to(_RUN_ACTIONS, "run_id", "$response.body#/run_id"),
     ("post", "/schedules", "201"): _to(_SCHEDULE_ACTIONS, "schedule_id", "$response.body#/id"),
+    ("post", "/tasks/claim", "200"): _to(
+        _TASK_ACTIONS, "task_id", "$response.body#/tasks/0/task_id"
+    ),
     ("get", "/schedules", "200"): _to(
         _SCHEDULE_ACTIONS, "schedule_id", "$response.body#/data/0/id"
     ),

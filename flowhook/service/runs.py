@@ -40,14 +40,16 @@ from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
 from flowhook.service.rerun import parse_version, plan_rerun
+from flowhook.service.tasks import WORKERS_SEEN
 from flowhook.store import children as children_store
 from flowhook.store import control as store_control
 from flowhook.store import events as events_store
 from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
+from flowhook.store import tasks as tasks_store
 from flowhook.store import trees as trees_store
 from flowhook.store.db import Connection, Database
-from flowhook.store.models import Event, Flow, Run, RunStatus
+from flowhook.store.models import Event, Flow, Run, RunStatus, StepStatus
 from flowhook.store.statistics import StatisticsKeeper
 from flowhook.store.trees import TreeCancel
 from flowhook.store.wakeup import Wakeup
@@ -484,9 +486,24 @@ class RunService:
             if nested and run is not None and any(s.type in NESTING for s in run.steps):
                 parts = await children_store.nested_of(conn, run_id)
                 run.steps = children_store.with_nested(run.steps, parts, run_id)
+            if run is not None:
+                await self._why_waiting(conn, run)
         if run is None:
             raise missing("run", run_id)
         return run
+
+    async def _why_waiting(self, conn: Connection, run: Run) -> None:
+        """A running run asleep in a ``task`` step: who holds the task, or that no worker
+        runs it (``waiting_for``)."""
+        if run.status is not RunStatus.RUNNING:
+            return
+        for step in run.steps:
+            if step.type == "task" and step.status is StepStatus.WAITING and step.parent is None:
+                since = self._clock.now() - WORKERS_SEEN
+                run.waiting = await tasks_store.why_waiting(
+                    conn, run.workspace_id, run.mode, run.run_id, step.idx, since
+                )
+                return
 
     async def wait_for(self, who: Principal, run_id: str, seconds: float) -> Run:
         """Long-poll: the run as soon as it is terminal, or as it is after ``seconds``.

@@ -282,6 +282,9 @@ class Run:
     """The W3C trace context its span lives under (``None``: a trace derived from its id,
     see :mod:`flowhook.tracing`)."""
     steps: list[RunStep] = field(default_factory=list)
+    waiting: dict[str, Any] | None = None
+    """Why a running run sleeps, when a read looked (a ``task`` step's task: its worker, or
+    that none is there); not a column."""
 
     @classmethod
     def from_row(cls, row: Any) -> Run:
@@ -328,7 +331,10 @@ class Run:
 
     @property
     def waiting_for(self) -> dict[str, Any] | None:
-        """Why a queued run has not started yet, when flow control holds it back."""
+        """Why a queued run has not started yet, when flow control holds it back; why a
+        running one sleeps, when a read looked (:attr:`waiting`)."""
+        if self.waiting is not None and self.status is RunStatus.RUNNING:
+            return dict(self.waiting)
         if self.held is None or self.status is not RunStatus.QUEUED:
             return None
         held = Held(self.held)

@@ -28,7 +28,9 @@ from flowhook.store.tables import (
     run_steps,
     runs,
     signals,
+    tasks,
     waits,
+    workers,
 )
 
 __all__ = [
@@ -88,6 +90,7 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     await conn.execute(delete(inbound_dedup).where(inbound_dedup.c.run_id.in_(ids)))
     await conn.execute(delete(waits).where(waits.c.run_id.in_(ids)))
     await conn.execute(delete(approvals).where(approvals.c.run_id.in_(ids)))
+    await conn.execute(delete(tasks).where(tasks.c.run_id.in_(ids)))
     await conn.execute(delete(runs).where(runs.c.run_id.in_(ids)))
     return len(ids)
 
@@ -106,7 +109,8 @@ async def _plan_for_pruning(conn: AsyncConnection) -> None:
 
 async def prune_signals(conn: AsyncConnection, before: datetime, limit: int) -> int:
     """Delete up to ``limit`` signals sent before ``before``, except those a ``wait`` step of
-    a run still going took (it reads the signal when it wakes); returns how many went."""
+    a run still going took (it reads the signal when it wakes), and the workers last seen
+    before it; returns how many signals went."""
     await _plan_for_pruning(conn)
     taken = select(waits.c.signal_id).where(
         waits.c.signal_id.is_not(None),
@@ -123,6 +127,8 @@ async def prune_signals(conn: AsyncConnection, before: datetime, limit: int) -> 
     )
     if ids:
         await conn.execute(delete(signals).where(signals.c.id.in_(ids)))
+    if len(ids) < limit:  # and the workers not seen since ``before`` (a row per worker id)
+        await conn.execute(delete(workers).where(workers.c.last_seen_at < before))
     return len(ids)
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "touch_worker",
     "workers_seen",
     "queues",
+    "why_waiting",
 ]
 
 TASKS_CHANNEL = "flowhook_tasks"
@@ -428,3 +429,22 @@ async def queues(conn: AsyncConnection, workspace_id: str, mode: Mode) -> list[Q
         QueueDepth(r.task, int(r.waiting), r.oldest, int(r.running))
         for r in (await conn.execute(q)).all()
     ]
+
+
+async def why_waiting(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str, idx: int, since: datetime
+) -> dict[str, Any] | None:
+    """Why run ``run_id`` sleeps in its ``task`` step ``idx``: the worker holding the task, or
+    that no worker serving its name was seen since ``since``; ``None`` when it has no task."""
+    row = (
+        await conn.execute(select(tasks).where(tasks.c.run_id == run_id, tasks.c.idx == idx))
+    ).first()
+    if row is None:
+        return None
+    task = Task.from_row(row)
+    why: dict[str, Any] = {"reason": "task", "task": task.task, "task_id": task.task_id}
+    if task.status == RUNNING:
+        return {**why, "attempt": task.attempt, "worker_id": task.worker_id}
+    seen = await workers_seen(conn, workspace_id, mode, since)
+    serving = any(task.task in w.tasks for w in seen)
+    return {**why, "worker_id": None, "no_worker": not serving, "until": task.available_at}

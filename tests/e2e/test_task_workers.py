@@ -121,7 +121,9 @@ def test_a_worker_killed_mid_task_loses_it_to_another_as_attempt_2(
                 run = ended(client, run_id)
                 second.send_signal(signal.SIGTERM)
                 said = second.stdout.read() if second.stdout else ""
-        assert (folder / f"started-{task_id}-2").exists(), f"{run} {sorted(p.name for p in folder.iterdir())} {said}"
+        assert (folder / f"started-{task_id}-2").exists(), (
+            f"{run} {sorted(p.name for p in folder.iterdir())} {said}"
+        )
     assert run["status"] == "completed", run
     [step] = run["steps"]
     assert step["output"] == {"held": 7, "attempt": 2}

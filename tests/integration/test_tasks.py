@@ -73,6 +73,25 @@ async def test_a_worker_claims_completes_and_the_run_goes_on(api: Api) -> None:
     assert worker["in_flight"] == 0
 
 
+async def test_a_run_says_what_its_task_waits_for(api: Api) -> None:
+    flow_id = await api.create_flow(task_flow())
+    run_id = await api.execute(flow_id, {"amount": 1})
+    async with asyncio.timeout(10):
+        while (why := (await run_of(api, run_id))["waiting_for"]) is None:
+            await asyncio.sleep(0.02)
+    assert why["reason"] == "task" and why["task"] == "payments.charge"
+    assert why["no_worker"] is True and why["worker_id"] is None
+    [task] = await claim(api)
+    why = (await run_of(api, run_id))["waiting_for"]
+    assert (why["worker_id"], why["attempt"], why["task_id"]) == ("w1", 1, task["task_id"])
+    other = await api.create_flow({**task_flow(), "name": "another"})
+    second = await api.execute(other, {"amount": 2})
+    async with asyncio.timeout(10):
+        while (why := (await run_of(api, second))["waiting_for"]) is None:
+            await asyncio.sleep(0.02)
+    assert why["no_worker"] is False  # w1 runs payments.charge: it is busy, not missing
+
+
 async def test_claims_are_scoped_to_the_workspace_and_mode(api: Api) -> None:
     flow_id = await api.create_flow(task_flow())
     run_id = await api.execute(flow_id, {"amount": 1})
@@ -97,9 +116,7 @@ async def test_a_long_poll_is_answered_when_a_task_is_queued(api: Api) -> None:
 
 
 async def test_a_failed_attempt_is_retried_then_fails_the_step(api: Api) -> None:
-    flow_id = await api.create_flow(
-        task_flow(retry={"max_attempts": 2, "backoff_seconds": 0})
-    )
+    flow_id = await api.create_flow(task_flow(retry={"max_attempts": 2, "backoff_seconds": 0}))
     run_id = await api.execute(flow_id, {"amount": 1})
     [first] = await claim(api)
     r = await api.post(f"/api/v1/tasks/{first['task_id']}/fail",
@@ -302,3 +319,24 @@ async def test_the_sdk_worker_runs_async_and_plain_functions(api: Api) -> None:
     assert steps["a"]["output"] == 42 and steps["b"]["output"] == "n=42"
     assert steps["b"]["attempts"] == 2
     assert seen[0].run_id == run_id and seen[0].step_id == "a" and seen[0].attempt == 1
+
+
+async def test_retention_prunes_a_run_s_tasks_and_old_workers(api: Api) -> None:
+    from sqlalchemy import func, select
+
+    from flowhook.store.tables import tasks, workers
+
+    flow_id = await api.create_flow(task_flow())
+    run_id = await api.execute(flow_id, {"amount": 1})
+    [task] = await claim(api)
+    r = await api.post(
+        f"/api/v1/tasks/{task['task_id']}/complete", {"attempt": 1, "output": {"id": "x"}}
+    )
+    assert r.status_code == 200, r.text
+    assert (await api.wait(run_id))["status"] == "completed"
+    services = api.app.state.services
+    assert await services.retention.prune(days=0) == 1
+    await services.retention.prune_all(days=0)
+    async with services.db.read() as conn:
+        assert (await conn.execute(select(func.count()).select_from(tasks))).scalar() == 0
+        assert (await conn.execute(select(func.count()).select_from(workers))).scalar() == 0

@@ -45,9 +45,11 @@ class ClaimRequest(BaseModel):
     max: int = Field(default=1, ge=1, le=MAX_CLAIM, description="At most this many tasks.")
     wait_seconds: float = Field(
         default=20,
+        strict=True,
         ge=0,
         le=MAX_WAIT,
         description="How long to wait for a task when none is ready (a long poll).",
+        examples=[5],
     )
 
 
@@ -97,6 +99,7 @@ class FailRequest(BaseModel):
     error: TaskError
     retryable: bool = Field(
         default=True,
+        strict=True,
         description="false: the step fails now, whatever its retry says.",
     )
 
