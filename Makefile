@@ -52,6 +52,7 @@ test: install-dev
 	scripts/ensure-chromium
 	scripts/ensure-wrk
 	scripts/ensure-tmux
+	scripts/ensure-jq
 	scripts/ensure-node
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal --cov -m "not soak and not no_tracer" --durations=30 $(PYTEST_ARGS)
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal -m "not soak and no_tracer" $(PYTEST_ARGS)

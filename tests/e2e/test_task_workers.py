@@ -170,3 +170,30 @@ def test_three_workers_and_2000_tasks_each_completed_once(folder: Path, database
     task_ids = {t for t, _ in done}
     assert len(task_ids) == 2000  # none lost
     assert all(r["steps"][0]["attempts"] == 1 for r in runs)  # each completed once, as recorded
+
+
+def test_the_shell_worker_of_docs_workers_md_runs_a_task(tmp_path: Path, database_url: str) -> None:
+    """The protocol is what docs/workers.md says: its worker in shell (curl and jq) runs."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "workers.md").read_text()
+    block = doc.split("<!-- worker.sh -->", 1)[1].split("<!-- /worker.sh -->", 1)[0]
+    script = tmp_path / "worker.sh"
+    script.write_text(block.split("```sh\n", 1)[1].rsplit("```", 1)[0])
+    greet = {"name": "greet", "steps": [
+        {"id": "hello", "type": "task", "task": "greet", "input": {"name": "{{ payload.who }}"}},
+    ]}  # fmt: skip
+    with serve(tmp_path, database_url, FLOWHOOK_LOG_LEVEL="warning") as server:
+        key = server.value("sandbox key")
+        with httpx.Client(base_url=server.base, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"}) as client:  # fmt: skip
+            [run_id] = start(client, greet, [{"who": "Ada"}])
+            shell = subprocess.Popen(
+                ["sh", str(script)], start_new_session=True,
+                env={**os.environ, "FLOWHOOK_URL": server.base, "FLOWHOOK_API_KEY": key},
+            )  # fmt: skip
+            try:
+                run = ended(client, run_id)
+            finally:
+                os.killpg(shell.pid, signal.SIGKILL)  # the loop and the curl it may be in
+                shell.wait(timeout=10)
+    assert run["status"] == "completed", run
+    assert run["steps"][0]["output"] == {"greeting": "Hello, Ada"}
