@@ -225,6 +225,11 @@ class TaskService:
         async with self._db.read() as conn:
             return await tasks_store.workers_seen(conn, who.workspace_id, who.mode, since)
 
+    async def of_run(self, who: Principal, run_id: str) -> list[Task]:
+        """The tasks of a run of the caller's (its branches' and items' too)."""
+        async with self._db.read() as conn:
+            return await tasks_store.of_run(conn, who.workspace_id, who.mode, run_id)
+
     async def queues(self, who: Principal) -> list[QueueDepth]:
         async with self._db.read() as conn:
             return await tasks_store.queues(conn, who.workspace_id, who.mode)

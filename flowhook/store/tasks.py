@@ -47,6 +47,7 @@ __all__ = [
     "workers_seen",
     "queues",
     "why_waiting",
+    "of_run",
 ]
 
 TASKS_CHANNEL = "flowhook_tasks"
@@ -448,3 +449,17 @@ async def why_waiting(
     seen = await workers_seen(conn, workspace_id, mode, since)
     serving = any(task.task in w.tasks for w in seen)
     return {**why, "worker_id": None, "no_worker": not serving, "until": task.available_at}
+
+
+async def of_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str) -> list[Task]:
+    """The tasks of run ``run_id`` and of its branches and items, oldest first."""
+    q = (
+        select(tasks)
+        .where(
+            tasks.c.root_run_id == run_id,
+            tasks.c.workspace_id == workspace_id,
+            tasks.c.mode == str(mode),
+        )
+        .order_by(tasks.c.created_at)
+    )
+    return [Task.from_row(r) for r in (await conn.execute(q)).all()]

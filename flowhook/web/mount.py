@@ -6,7 +6,17 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from flowhook.web import approvals, deliveries, flows, overview, pages, runs, signin, webhooks
+from flowhook.web import (
+    approvals,
+    deliveries,
+    flows,
+    overview,
+    pages,
+    runs,
+    signin,
+    webhooks,
+    workers,
+)
 from flowhook.web.pages import STATIC_DIR, render_error
 
 __all__ = ["mount", "render_error"]
@@ -14,7 +24,7 @@ __all__ = ["mount", "render_error"]
 
 def mount(app: FastAPI) -> None:
     """Add the pages' routes (after the API's) and what they need."""
-    for page in (approvals, signin, webhooks, deliveries, runs, flows, overview):
+    for page in (approvals, signin, webhooks, deliveries, runs, flows, overview, workers):
         app.include_router(page.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     pages.install(app)

@@ -13,7 +13,7 @@ from flowhook.errors import Conflict, InvalidInput, NotFound
 from flowhook.events import EVENT_TYPES
 from flowhook.service.sessions import session_hash
 from flowhook.serving.streams import open_run_stream
-from flowhook.store.models import RunStatus
+from flowhook.store.models import RunStatus, RunStep
 from flowhook.web.pages import COOKIE, Page, PageDep, first, redirect
 from flowhook.web.run_tree import run_view
 
@@ -69,6 +69,7 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     children = await p.services.runs.children(p.who, run_id)
     names = {c.flow_id: await _flow_name(p, c.flow_id) for c in children.values()}
     view = run_view(r, datetime.now(UTC))
+    tasks = await p.services.tasks.of_run(p.who, run_id) if _has_tasks(r.steps) else []
     return p.render(
         template,
         code,
@@ -84,7 +85,12 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
         error=error,
         stream_events=" ".join(EVENT_TYPES),
         between_steps=view.between_steps,
+        tasks_at={t.idx: t for t in tasks if t.run_id == r.run_id},
     )
+
+
+def _has_tasks(steps: list[RunStep]) -> bool:
+    return any(s.type == "task" for s in steps)
 
 
 async def _flow_name(p: Page, flow_id: str) -> str | None:
