@@ -235,7 +235,7 @@ def test_errors_in_nested_steps_name_the_nested_step_and_field(
             {"name": "x", "steps": [{"id": "a", "type": "transfrom", "output": {}}]},
             "definition.steps[0].type",
             "'transfrom' is not one of transform, condition, fail, http, delay, python, wait, "
-            "approval, parallel, map, flow; did you mean 'transform'?",
+            "approval, parallel, map, flow, task; did you mean 'transform'?",
         ),
         (
             {
