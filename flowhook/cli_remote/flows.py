@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from rich.markup import escape
 
+from flowhook.cli_remote import apply
 from flowhook.cli_remote.connection import client, resolve_flow
 from flowhook.cli_remote.output import console, err, listing, out_json, shown
 from flowhook.cli_remote.params import FlowArg, JsonOpt
@@ -20,26 +20,54 @@ flows = typer.Typer(help="Flow definitions.", no_args_is_help=True)
 
 @flows.command("apply")
 def flows_apply(
-    file: Annotated[
-        Path,
-        typer.Option(
-            "-f", "--file", help="A flow definition, YAML or JSON.", exists=True, dir_okay=False
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Flow definitions: files (.json, .yaml, .yml) or folders of them.",
+            show_default=False,
         ),
-    ],
-    flow_id: Annotated[
-        str | None, typer.Option("--flow-id", help="Save as a new version of this flow.")
     ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("-f", "--file", help="A flow definition, YAML or JSON (one more PATH)."),
+    ] = None,
+    flow_id: Annotated[
+        str | None,
+        typer.Option(
+            "--flow-id", help="Save the one definition given as a new version of this flow."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and say what would change; change nothing.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a flow, or a new version of it when --flow-id is given or a flow of the same name exists."""
-    try:
-        definition = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as exc:
-        err.print(f"[red]error:[/red] {file} is not valid YAML or JSON: {exc}")
-        raise typer.Exit(2) from None
-    if not isinstance(definition, dict):
-        err.print(f"[red]error:[/red] {file} must hold a flow definition (a mapping)")
+    """Apply flow definitions kept as code: each creates its flow, or adds a version when its
+    definition changed (found by its slug, else by --flow-id or its name), and says created,
+    new version N or unchanged. Every file is checked first: one invalid file is named, with
+    its step and field, and nothing is applied (exit 1). (-f FILE alone saves a version each
+    time and prints the flow, as it always did.)"""
+    if not paths and file is not None and not dry_run:
+        _apply_one(file, flow_id, as_json)
+        return
+    files = apply.files([*(paths or []), *([file] if file else [])])
+    if flow_id is not None and len(files) != 1:
+        err.print("[red]error:[/red] --flow-id takes one definition, not " + str(len(files)))
         raise typer.Exit(2)
+    with client() as c:
+        plan = apply.plan(c, apply.load(files), flow_id)
+        results = plan if dry_run else apply.run(c, plan)
+    if as_json:
+        out_json([r.summary() for r in results])
+        return
+    for r in results:
+        console.print(r.line(dry_run))
+
+
+def _apply_one(file: Path, flow_id: str | None, as_json: bool) -> None:
+    """``flows apply -f FILE``: create the flow, or save a new version of it (--flow-id, or
+    the flow of the same name), and print it."""
+    [(_, definition)] = apply.load(apply.files([file]))
     with client() as c:
         if flow_id is None:
             same = [f for f in c.list_flows() if f["name"] == definition.get("name")]

@@ -11,7 +11,7 @@ __all__ = [
     "list_flows", "create_endpoint", "list_endpoints", "list_deliveries", "replay_delivery",
     "create_hook", "create_schedule", "list_schedules", "flow_versions", "delete_flow",
     "get_endpoint", "delete_endpoint", "test_endpoint", "list_hooks", "get_hook", "rotate_hook",
-    "delete_hook", "update_schedule", "delete_schedule", "workers",
+    "delete_hook", "update_schedule", "delete_schedule", "workers", "validate_flow",
 ]  # fmt: skip
 
 
@@ -77,8 +77,12 @@ def get_flow(flow_id: str) -> Call:
     return Call("GET", f"/flows/{flow_id}")
 
 
-def list_flows(limit: int, cursor: str | None) -> Call:
-    return Call("GET", "/flows", params={"limit": limit, "cursor": cursor})
+def list_flows(limit: int, cursor: str | None, slug: str | None = None) -> Call:
+    return Call("GET", "/flows", params={"limit": limit, "cursor": cursor, "slug": slug})
+
+
+def validate_flow(definition: dict[str, Any]) -> Call:
+    return Call("POST", "/flows/validate", json=definition)
 
 
 def create_endpoint(

@@ -183,8 +183,20 @@ class Client:
     def get_flow(self, flow_id: str) -> dict[str, Any]:
         return dict(self._send(calls.get_flow(flow_id)))
 
-    def list_flows(self, *, limit: int = 100, cursor: str | None = None) -> list[dict[str, Any]]:
-        return list(self._send(calls.list_flows(limit, cursor))["data"])
+    def list_flows(
+        self, *, limit: int = 100, cursor: str | None = None, slug: str | None = None
+    ) -> list[dict[str, Any]]:
+        return list(self._send(calls.list_flows(limit, cursor, slug))["data"])
+
+    def flow_by_slug(self, slug: str) -> dict[str, Any] | None:
+        """The flow whose current version has ``slug``, or ``None``."""
+        found = self.list_flows(limit=1, slug=slug)
+        return found[0] if found else None
+
+    def validate_flow(self, definition: dict[str, Any]) -> dict[str, Any]:
+        """The definition as it would be saved; raises :class:`APIError` (400, with every
+        problem) as saving it would."""
+        return dict(self._send(calls.validate_flow(definition))["definition"])
 
     def create_endpoint(
         self,

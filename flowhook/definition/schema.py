@@ -235,6 +235,12 @@ FLOW_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "slug": {
+            "type": "string",
+            "pattern": "^[a-z0-9-]{1,64}$",
+            "description": "The flow's own short name, unique in its workspace and mode: what "
+            "`flowhook flows apply` and `GET /api/v1/flows?slug=` find it by.",
+        },
         "description": {"type": "string", "maxLength": 2000},
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 2592000},
         "concurrency": {

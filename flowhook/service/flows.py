@@ -7,7 +7,7 @@ from typing import Any
 
 from flowhook.clock import Clock
 from flowhook.definition import validate_definition
-from flowhook.errors import Conflict, NotFound
+from flowhook.errors import Conflict, Duplicate, NotFound
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
@@ -34,33 +34,59 @@ class FlowService:
             validate_definition, definition, allow_private_targets=self._allow_private
         )
 
-    async def create(self, who: Principal, definition: Any) -> Flow:
+    async def validate(self, definition: Any) -> dict[str, Any]:
+        """The definition as it would be saved; raises what saving it would (400)."""
         check_json(definition, "definition")
-        definition = await self._validated(definition)
-        async with self._db.transaction() as conn:
-            return await flows_store.insert_flow(
-                conn,
-                flow_id=new_id("wf"),
-                workspace_id=who.workspace_id,
-                mode=who.mode,
-                name=definition["name"],
-                definition=definition,
-                now=self._clock.now(),
-            )
+        return await self._validated(definition)
+
+    async def create(self, who: Principal, definition: Any) -> Flow:
+        definition = await self.validate(definition)
+        try:
+            async with self._db.transaction() as conn:
+                return await flows_store.insert_flow(
+                    conn,
+                    flow_id=new_id("wf"),
+                    workspace_id=who.workspace_id,
+                    mode=who.mode,
+                    name=definition["name"],
+                    definition=definition,
+                    now=self._clock.now(),
+                )
+        except Duplicate:
+            raise await self._slug_taken(who, definition["slug"]) from None
 
     async def update(self, who: Principal, flow_id: str, definition: Any) -> Flow:
-        check_json(definition, "definition")
-        definition = await self._validated(definition)
-        async with self._db.transaction() as conn:
-            flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
-            if flow is None:
-                raise missing("flow", flow_id)
-            updated = await flows_store.add_version(
-                conn, flow, name=definition["name"], definition=definition, now=self._clock.now()
-            )
+        definition = await self.validate(definition)
+        try:
+            async with self._db.transaction() as conn:
+                flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
+                if flow is None:
+                    raise missing("flow", flow_id)
+                updated = await flows_store.add_version(
+                    conn, flow, name=definition["name"], definition=definition,
+                    now=self._clock.now(),
+                )  # fmt: skip
+        except Duplicate:
+            raise await self._slug_taken(who, definition["slug"]) from None
         if updated is None:
             raise Conflict("the flow changed while this update ran; try again")
         return updated
+
+    async def _slug_taken(self, who: Principal, slug: str) -> Conflict:
+        holder = await self.by_slug(who, slug)
+        which = f" ({holder.flow_id}, {holder.name!r})" if holder is not None else ""
+        return Conflict(
+            f"slug {slug!r} belongs to another flow of this workspace{which}: a slug names one "
+            "flow; change this one's, or save a new version of that flow instead"
+        )
+
+    async def by_slug(self, who: Principal, slug: str) -> Flow | None:
+        """The flow that holds ``slug`` (not archived), if one does."""
+        async with self._db.read() as conn:
+            found = await flows_store.list_flows(
+                conn, who.workspace_id, who.mode, limit=1, slug=slug
+            )
+        return found[0] if found else None
 
     async def get(self, who: Principal, flow_id: str, version: int | None = None) -> Flow:
         async with self._db.read() as conn:
@@ -81,11 +107,13 @@ class FlowService:
             rows = await flows_store.list_versions(conn, flow)
         return [{"version": v, "created_at": at} for v, at in rows]
 
-    async def list(self, who: Principal, *, limit: int, cursor: str | None) -> Page[Flow]:
+    async def list(
+        self, who: Principal, *, limit: int, cursor: str | None, slug: str | None = None
+    ) -> Page[Flow]:
         return await listed(
             self._db, "wf", limit=limit, cursor=cursor, cursor_of=lambda row: row.flow_id,
             fetch=lambda conn, after, n: flows_store.list_flows(
-                conn, who.workspace_id, who.mode, limit=n, after=after
+                conn, who.workspace_id, who.mode, limit=n, after=after, slug=slug
             ),
         )  # fmt: skip
 

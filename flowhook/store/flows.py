@@ -36,6 +36,7 @@ async def insert_flow(
     definition: dict[str, Any],
     now: datetime,
 ) -> Flow:
+    """A new flow at version 1; raises ``Duplicate`` when another flow holds its slug."""
     await conn.execute(
         flows.insert().values(
             flow_id=flow_id,
@@ -45,6 +46,7 @@ async def insert_flow(
             version=1,
             created_at=now,
             updated_at=now,
+            slug=definition.get("slug"),
         )
     )
     await conn.execute(
@@ -63,7 +65,8 @@ async def add_version(
     definition: dict[str, Any],
     now: datetime,
 ) -> Flow | None:
-    """Make the next version current; ``None`` when another writer got there first."""
+    """Make the next version current; ``None`` when another writer got there first. Raises
+    ``Duplicate`` when another flow holds the new version's slug."""
     version = flow.version + 1
     result = await conn.execute(
         update(flows)
@@ -72,7 +75,7 @@ async def add_version(
             flows.c.version == flow.version,
             flows.c.archived_at.is_(None),
         )
-        .values(version=version, name=name, updated_at=now)
+        .values(version=version, name=name, updated_at=now, slug=definition.get("slug"))
     )
     if result.rowcount != 1:
         return None
@@ -160,8 +163,10 @@ async def list_flows(
     *,
     limit: int,
     after: str | None = None,
+    slug: str | None = None,
 ) -> list[Flow]:
-    """Current versions, newest flow first; ``after`` is the last flow id of the page before."""
+    """Current versions, newest flow first; ``after`` is the last flow id of the page before;
+    ``slug``: the flow that holds it, if any."""
     q = (
         _current_versions()
         .where(
@@ -172,6 +177,8 @@ async def list_flows(
         .order_by(flows.c.flow_id.desc())
         .limit(limit)
     )
+    if slug is not None:
+        q = q.where(flows.c.slug == slug)
     if after is not None:
         q = q.where(flows.c.flow_id < after)
     return [_flow(r) for r in (await conn.execute(q)).all()]

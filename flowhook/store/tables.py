@@ -133,7 +133,19 @@ flows = Table(
     _at("created_at"),
     _at("updated_at"),
     _at("archived_at", required=False),
+    # the current version's ``slug`` (flows kept as code find their flow by it): one flow of a
+    # workspace and mode holds a slug at a time; an archived flow gives its slug up
+    Column("slug", String(64)),
     Index(None, "workspace_id", "mode", "flow_id"),
+    Index(
+        "ix_flows_slug",
+        "workspace_id",
+        "mode",
+        "slug",
+        unique=True,
+        postgresql_where=text("slug IS NOT NULL AND archived_at IS NULL"),
+        sqlite_where=text("slug IS NOT NULL AND archived_at IS NULL"),
+    ),
 )
 
 flow_versions = Table(

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support import FLOWHOOK, Server, serve
@@ -349,3 +350,55 @@ def test_the_commands_a_user_reaches_for_manage_flows_hooks_schedules_and_endpoi
         assert "deleted (archived" in ok(server, "flows", "delete", "Nightly report")
         gone = cli(server, "runs", "start", flow_id)
         assert gone.returncode == 1 and "error 404" in gone.stderr
+
+
+def test_flows_kept_as_code_are_applied_all_or_nothing(tmp_path: Path) -> None:
+    """`flowhook flows apply PATH…`: created, unchanged, new version N per file, found by slug;
+    --dry-run changes nothing; one invalid file is named and nothing is applied."""
+    repo = tmp_path / "flows"
+    (repo / "billing").mkdir(parents=True)
+    orders = repo / "orders.yaml"
+    orders.write_text(
+        "name: Orders\nslug: orders\nsteps:\n  - {id: a, type: transform, output: {v: 1}}\n"
+    )
+    refunds = repo / "billing" / "refunds.json"
+    refunds.write_text(json.dumps({"name": "Refunds", "slug": "refunds",
+                                   "steps": [{"id": "r", "type": "transform", "output": {}}]}))  # fmt: skip
+    with serve(
+        tmp_path, f"sqlite:///{tmp_path / 'apply.db'}", FLOWHOOK_LOG_LEVEL="warning"
+    ) as server:
+        first = ok(server, "flows", "apply", str(repo))
+        assert "orders.yaml: created wf_" in first and "refunds.json: created wf_" in first, first
+        again = js(server, "flows", "apply", str(repo))
+        assert [a["result"] for a in again] == ["unchanged", "unchanged"], again
+        assert all(a["version"] == 1 for a in again)
+
+        orders.write_text(orders.read_text().replace("v: 1", "v: 2"))
+        planned = ok(server, "flows", "apply", "--dry-run", str(repo))
+        assert "orders.yaml: would be new version 2" in planned, planned
+        assert versions(server) == {"orders": 1, "refunds": 1}
+
+        broken = repo / "broken.json"
+        broken.write_text(json.dumps({"name": "Broken", "slug": "broken",
+                                      "steps": [{"id": "x", "type": "transfrom"}]}))  # fmt: skip
+        refused = cli(server, "flows", "apply", str(repo))
+        assert refused.returncode == 1, refused
+        assert "broken.json" in refused.stderr and "steps[0].type" in refused.stderr
+        assert "nothing was applied" in refused.stderr
+        assert versions(server) == {"orders": 1, "refunds": 1}
+
+        broken.unlink()
+        applied = js(server, "flows", "apply", str(repo))
+        assert {a["file"].rsplit("/", 1)[-1]: (a["result"], a["version"]) for a in applied} == {
+            "orders.yaml": ("new version", 2), "refunds.json": ("unchanged", 1),
+        }  # fmt: skip
+        r = httpx.get(f"{server.base}/api/v1/flows", params={"slug": "orders"},
+                      headers={"Authorization": f"Bearer {server.value('sandbox key')}"})  # fmt: skip
+        [found] = r.json()["data"]
+        assert found["version"] == 2 and found["definition"]["steps"][0]["output"] == {"v": 2}
+
+
+def versions(server: Server) -> dict[str, int]:
+    """Each flow's current version, by slug (the flows that have one)."""
+    flows = json.loads(ok(server, "flows", "list", "--json"))
+    return {f["definition"]["slug"]: f["version"] for f in flows if "slug" in f["definition"]}

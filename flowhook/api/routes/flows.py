@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Query
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
@@ -21,6 +22,12 @@ from flowhook.api.responses import ORJSONResponse
 from flowhook.store.models import MAX_FLOW_VERSION
 
 router = APIRouter(tags=["flows"])
+
+
+class FlowCheck(BaseModel):
+    valid: bool
+    definition: dict[str, Any] = Field(description="The definition as it would be saved.")
+
 
 _ERRORS = error_responses(400, 401, 404, 409, 413, 415, 503)
 _DEFINITION = Body(
@@ -52,9 +59,28 @@ async def list_flows(
     services: ServicesDep,
     who: CallerDep,
     paging: PagingDep,
+    slug: str | None = Query(
+        None,
+        pattern="^[a-z0-9-]{1,64}$",
+        description="Only the flow whose current version has this `slug`.",
+    ),
 ) -> Response:
-    page = await services.flows.list(who, **paging)
+    page = await services.flows.list(who, **paging, slug=slug)
     return page_response(page, flow_record)
+
+
+@router.post(
+    "/flows/validate",
+    summary="Check a flow definition without saving it",
+    description="200 with the definition as it would be saved, or the 400 that saving it "
+    "would answer (every problem at once). `flowhook flows apply` checks every file first.",
+    responses={200: {"model": FlowCheck}, **_ERRORS},
+)
+async def validate_flow(
+    services: ServicesDep, who: CallerDep, definition: dict[str, Any] = _DEFINITION
+) -> Response:
+    checked = await services.flows.validate(definition)
+    return ORJSONResponse({"valid": True, "definition": checked})
 
 
 @router.get(
