@@ -284,11 +284,13 @@ async def _wake_run(conn: AsyncConnection, run_id: str, now: datetime) -> None:
     await wake_at_commit(conn, "runs", RUNS_CHANNEL)
 
 
-async def for_step(conn: AsyncConnection, run_id: str, idx: int) -> Task | None:
-    """The task of step ``idx`` of run row ``run_id``, locked on PostgreSQL (the engine
-    decides what becomes of it)."""
+async def for_step(
+    conn: AsyncConnection, run_id: str, idx: int, *, lock: bool = True
+) -> Task | None:
+    """The task of step ``idx`` of run row ``run_id``; ``lock``: locked where another writer
+    could move it meanwhile (the engine decides what becomes of it)."""
     q = select(tasks).where(tasks.c.run_id == run_id, tasks.c.idx == idx)
-    row = (await conn.execute(driver_of(conn).locking(q))).first()
+    row = (await conn.execute(driver_of(conn).locking(q) if lock else q)).first()
     return None if row is None else Task.from_row(row)
 
 

@@ -19,11 +19,13 @@ from flowhook.engine.steps.approval import ApprovalStep
 from flowhook.engine.steps.base import Action, Step
 from flowhook.engine.steps.call import MAX_DEPTH, CallStep
 from flowhook.engine.steps.fan import MapStep, ParallelStep
+from flowhook.engine.steps.task import TaskStep
 from flowhook.engine.steps.wait import WaitStep
 from flowhook.store.approvals import Approval
 from flowhook.store.models import Event, Flow, Mode, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.runs import Progress, StatusChange
 from flowhook.store.signals import Signal, Wait
+from flowhook.store.tasks import Task
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -128,6 +130,13 @@ class FakeCursor:
 
     def check_output(self, outcome: Outcome) -> None:
         check_output(outcome, 1000)
+
+    def step_event(self, step: RunStep, *, will_retry: bool) -> Event:
+        from flowhook.events import run_event
+
+        payload = {"step_id": step.step_id, "error": step.error, "will_retry": will_retry}
+        kind = "flow.step_failed" if step.error is not None else "flow.step_completed"
+        return run_event(self.run, kind, payload, self.at)
 
     def under_step(self, attempt: Attempt) -> str:
         return "00-trace-span-01"
@@ -633,3 +642,124 @@ async def test_parts_still_going_before_the_deadline_sleep_again() -> None:
     assert await step.wake(fake(cur), prior, cur.at) is RunStatus.RUNNING
     assert cur.ended == [] and store.stopped == []
     assert cur.applied[0].changes[0].values["available_at"] == T0 + timedelta(seconds=60)
+
+
+# -- task ------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeTasks:
+    task: Task | None = None
+    inserted: list[Task] = field(default_factory=list)
+    retried_at: list[datetime] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+
+    async def insert(self, conn: Any, task: Task) -> None:
+        self.inserted.append(task)
+
+    async def for_step(self, conn: Any, run_id: str, idx: int, *, lock: bool = True) -> Task | None:
+        return self.task
+
+    async def time_out(self, conn: Any, task: Task, now: datetime, message: str) -> bool:
+        self.timed_out.append(message)
+        task.status, task.error, task.retryable = (
+            "failed",
+            {"type": "timeout", "message": message},
+            True,
+        )
+        return True
+
+    async def retry(self, conn: Any, task: Task, at: datetime) -> None:
+        self.retried_at.append(at)
+        task.status = "queued"
+
+
+def a_task_step(store: FakeTasks, **spec: Any) -> TaskStep:
+    step = build_step({"id": "charge", "type": "task", "task": "payments.charge",
+                       "input": {"n": "{{ payload.n }}"}, **spec})  # fmt: skip
+    assert isinstance(step, TaskStep)
+    step.store = store
+    return step
+
+
+def a_task(**kw: Any) -> Task:
+    fields: dict[str, Any] = {
+        "task_id": "tsk_1", "workspace_id": "ws", "mode": Mode.TEST, "task": "payments.charge",
+        "run_id": "run_1", "idx": 0, "root_run_id": "run_1", "flow_id": "wf_1",
+        "step_id": "charge", "input": {"n": 1}, "status": "queued", "attempt": 0,
+        "available_at": T0, "heartbeat_seconds": 30.0, "created_at": T0,
+    }  # fmt: skip
+    return Task(**{**fields, **kw})
+
+
+TASKED = RunStep(idx=0, step_id="charge", type="task", status=StepStatus.WAITING, attempts=1,
+                 started_at=T0, output={"task_id": "tsk_1", "task": "payments.charge"})  # fmt: skip
+
+
+async def test_a_task_step_queues_its_task_in_the_commit_that_puts_the_run_to_sleep() -> None:
+    store = FakeTasks()
+    step = a_task_step(store, timeout_seconds=60, heartbeat_seconds=10)
+    cur = FakeCursor(ctx={"payload": {"n": 7}, "steps": {}})
+    attempt, outcome = await reached(step, cur)
+    assert await step.park(fake(cur), attempt, outcome) is RunStatus.RUNNING
+    [task] = store.inserted
+    assert (task.task, task.input, task.status, task.attempt) == (
+        "payments.charge",
+        {"n": 7},
+        "queued",
+        0,
+    )
+    assert (task.heartbeat_seconds, task.timeout_seconds) == (10, 60)
+    assert waiting(cur).output == {"task_id": task.task_id, "task": "payments.charge"}
+    assert (
+        cur.transactions == 1 and cur.applied[0].changes[0].values["available_at"] == cur.deadline
+    )
+
+
+@pytest.mark.parametrize(
+    ("task", "retry", "expected"),
+    [
+        (a_task(status="completed", attempt=2, interrupted=[1], output={"id": "ch_1"}), None, "completed"),
+        (a_task(status="running", attempt=1, worker_id="w1"), None, "sleeps"),
+        (a_task(status="queued", attempt=1), None, "sleeps"),
+        (a_task(status="failed", attempt=1, retryable=True, error={"message": "no"}),
+         {"max_attempts": 2, "backoff_seconds": 3}, "retried"),
+        (a_task(status="failed", attempt=2, retryable=True, error={"message": "no"}),
+         {"max_attempts": 2}, "failed"),
+        (a_task(status="failed", attempt=1, retryable=False, error={"message": "no"}),
+         {"max_attempts": 5}, "failed"),
+        (a_task(status="running", attempt=1, attempt_deadline=T0), None, "timed out"),
+        (None, None, "gone"),
+    ],
+)  # fmt: skip
+async def test_a_task_step_wakes_by_its_task_s_end(
+    task: Task | None, retry: dict[str, Any] | None, expected: str
+) -> None:
+    store = FakeTasks(task=task)
+    step = a_task_step(store, **({"retry": retry} if retry else {}), timeout_seconds=60)
+    cur = FakeCursor(at=T0 + timedelta(seconds=5))
+    status = await step.wake(fake(cur), TASKED, cur.at)
+    if expected == "sleeps":
+        assert status is RunStatus.RUNNING and cur.ended == []
+        return
+    if expected == "retried":
+        assert status is RunStatus.RUNNING and store.retried_at == [cur.at + timedelta(seconds=3)]
+        [progress] = cur.applied
+        [event] = progress.events
+        assert event.type == "flow.step_failed" and b'"will_retry":true' in event.payload
+        [record] = progress.steps
+        assert record.status is StepStatus.WAITING and record.attempts == 1
+        return
+    [(record, _, durable)] = cur.ended
+    if expected == "completed":
+        assert record.status is StepStatus.COMPLETED and durable
+        assert (record.output, record.attempts, record.interrupted) == ({"id": "ch_1"}, 2, (1,))
+        assert cur.transactions == 0  # a completed task is read, not locked
+        return
+    assert status is RunStatus.FAILED and record.error is not None
+    if expected == "timed out":
+        assert store.timed_out and record.error["type"] == "timeout"
+    elif expected == "gone":
+        assert record.error["message"] == "the step's task is gone"
+    else:
+        assert record.error == {"type": "task", "message": "no", "task_id": "tsk_1"}

@@ -39,7 +39,9 @@ class TaskStore(Protocol):
 
     async def insert(self, conn: AsyncConnection, task: Task) -> None: ...
 
-    async def for_step(self, conn: AsyncConnection, run_id: str, idx: int) -> Task | None: ...
+    async def for_step(
+        self, conn: AsyncConnection, run_id: str, idx: int, *, lock: bool = True
+    ) -> Task | None: ...
 
     async def time_out(
         self, conn: AsyncConnection, task: Task, now: datetime, message: str
@@ -48,7 +50,9 @@ class TaskStore(Protocol):
     async def retry(self, conn: AsyncConnection, task: Task, at: datetime) -> None: ...
 
 
-class TaskStep(StepBase, kind="task", pure=False, external=False):
+class TaskStep(StepBase, kind="task", pure=True, external=False):
+    # Pure: its attempt only evaluates the input (the task is queued by ``park``, in the commit
+    # that puts the run to sleep), so the steps before it are committed with that, not apart.
     store: TaskStore = tasks_store
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -89,6 +93,10 @@ class TaskStep(StepBase, kind="task", pure=False, external=False):
         failed with attempts left (queued again after the backoff, its ``flow.step_failed``
         saying ``will_retry``), its attempt's time is up (a failed attempt, likewise), or it
         still goes (the run sleeps again)."""
+        async with cur.read() as conn:  # most wake-ups: the task completed, which is final
+            task = await self.store.for_step(conn, cur.run.run_id, cur.idx, lock=False)
+        if task is not None and task.status == "completed":
+            return await self._ended(cur, prior, now, task, None)
         async with cur.transaction() as conn:
             task = await self.store.for_step(conn, cur.run.run_id, cur.idx)
             if task is None:
