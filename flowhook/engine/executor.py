@@ -214,8 +214,8 @@ class Executor:
         """The step records of a resumed run, by index; notes a ``running`` one, which a
         crash cut short."""
         async with self._db.read() as conn:
-            done = await runs_store.get_run_by_id(conn, run.run_id)
-        earlier = {s.idx: s for s in done.steps} if done else {}
+            steps = await runs_store.steps_of(conn, run.run_id)
+        earlier = {s.idx: s for s in steps}
         for s in earlier.values():
             if s.status is StepStatus.RUNNING:
                 self.writer.open[run.run_id] = (s, True)

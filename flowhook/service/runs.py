@@ -476,9 +476,12 @@ class RunService:
             )
         return found
 
-    async def get(self, who: Principal, run_id: str, *, nested: bool = True) -> Run:
+    async def get(
+        self, who: Principal, run_id: str, *, nested: bool = True, why: bool = True
+    ) -> Run:
         """The run with its step records, and (``nested``) those of its branches and items
-        after the step that ran them."""
+        after the step that ran them; ``why``: why it waits, where a read must look (a task
+        step's worker)."""
         if not is_id(run_id, "run"):
             raise missing("run", run_id)
         async with self._db.read() as conn:
@@ -486,7 +489,7 @@ class RunService:
             if nested and run is not None and any(s.type in NESTING for s in run.steps):
                 parts = await children_store.nested_of(conn, run_id)
                 run.steps = children_store.with_nested(run.steps, parts, run_id)
-            if run is not None:
+            if run is not None and why:
                 await self._why_waiting(conn, run)
         if run is None:
             raise missing("run", run_id)
@@ -519,7 +522,7 @@ class RunService:
         woken = None if hub is None or hub.closing else hub.watch(who, run_id)
         try:
             while True:
-                run = await self.get(who, run_id, nested=False)
+                run = await self.get(who, run_id, nested=False, why=False)
                 left = deadline - clock()
                 if run.status.terminal or left <= 0 or (woken is not None and woken.ended):
                     return await self.get(who, run_id)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,13 +15,14 @@ from typing import Any
 import orjson
 
 from flowhook.clock import Clock
-from flowhook.errors import Conflict, InvalidInput
+from flowhook.errors import Conflict, FlowhookError, InvalidInput
+from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import encode_json
 from flowhook.service.lookup import missing
 from flowhook.store import tasks as tasks_store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.tasks import QueueDepth, Task, WorkerSeen
 from flowhook.store.wakeup import Broadcast, PgListener, Wakeup
 
@@ -63,6 +64,7 @@ class TaskService:
         self._max_output = max_output_bytes
         self._seen: dict[tuple[str, str, str], float] = {}
         self._listener: PgListener | None = None
+        self._ends: GroupCommit[_End, Ended] = GroupCommit(self._commit_ends)
 
     async def start(self) -> None:
         """Hear the tasks other processes queue (PostgreSQL's ``NOTIFY``; on SQLite the
@@ -185,25 +187,27 @@ class TaskService:
         error: dict[str, Any] | None,
         retryable: bool,
     ) -> Ended:
-        now = self._clock.now()
-        status = "failed" if error is not None else "completed"
-        async with self._db.transaction() as conn:
-            task = await tasks_store.get(conn, who.workspace_id, who.mode, task_id)
-            if task is None:
-                raise missing("task", task_id)
-            if task.attempt == attempt and _same_end(task, status, output, error):
-                return Ended(task_id, status, attempt)  # the same call again
-            if task.status != "running" or task.attempt != attempt:
-                raise _no_longer(task_id, attempt, task)
-            if not await tasks_store.finish(
-                conn, task, now, output=output, error=error, retryable=retryable
-            ):
-                raise Conflict(
-                    f"the run of task {task_id!r} was cancelled or has ended; "
-                    "the attempt's result is not recorded"
-                )
+        """End the attempt (in a write shared with the other ends arriving meanwhile)."""
+        ended = await self._ends.submit(_End(who, task_id, attempt, output, error, retryable))
         self._runs.notify()
-        return Ended(task_id, status, attempt)
+        return ended
+
+    async def _commit_ends(self, batch: Sequence[_End]) -> list[Ended | BaseException]:
+        """Group commit: the ends that arrived while the last transaction ran, in one. An end
+        that is refused (another attempt holds its task, its run ended) writes nothing and
+        gets its error; the others are committed."""
+        now = self._clock.now()
+
+        async def write(conn: Connection) -> list[Ended | BaseException]:
+            answers: list[Ended | BaseException] = []
+            for end in batch:
+                try:
+                    answers.append(await _end_one(conn, end, now))
+                except FlowhookError as exc:
+                    answers.append(exc)
+            return answers
+
+        return await self._db.retrying(write)
 
     def _output_problem(self, output: Any) -> str | None:
         try:
@@ -233,6 +237,35 @@ class TaskService:
     async def queues(self, who: Principal) -> list[QueueDepth]:
         async with self._db.read() as conn:
             return await tasks_store.queues(conn, who.workspace_id, who.mode)
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    who: Principal
+    task_id: str
+    attempt: int
+    output: Any
+    error: dict[str, Any] | None
+    retryable: bool
+
+
+async def _end_one(conn: Connection, end: _End, now: datetime) -> Ended:
+    status = "failed" if end.error is not None else "completed"
+    task = await tasks_store.get(conn, end.who.workspace_id, end.who.mode, end.task_id)
+    if task is None:
+        raise missing("task", end.task_id)
+    if task.attempt == end.attempt and _same_end(task, status, end.output, end.error):
+        return Ended(end.task_id, status, end.attempt)  # the same call again
+    if task.status != "running" or task.attempt != end.attempt:
+        raise _no_longer(end.task_id, end.attempt, task)
+    if not await tasks_store.finish(
+        conn, task, now, output=end.output, error=end.error, retryable=end.retryable
+    ):
+        raise Conflict(
+            f"the run of task {end.task_id!r} was cancelled or has ended; "
+            "the attempt's result is not recorded"
+        )
+    return Ended(end.task_id, status, end.attempt)
 
 
 def _same_end(task: Task, status: str, output: Any, error: dict[str, Any] | None) -> bool:

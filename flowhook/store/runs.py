@@ -45,6 +45,7 @@ from flowhook.store.rows import owned, page
 from flowhook.store.tables import run_steps, runs
 
 __all__ = [
+    "steps_of",
     "NOTIFY_CHANNEL",
     "RUN_COLUMNS",
     "LeaseLost",
@@ -180,15 +181,38 @@ async def release_idempotency_key(conn: AsyncConnection, run_id: str) -> None:
     )
 
 
+@cache
+def _steps_statement() -> Any:
+    """A run's step records, in order: built once, its run id bound."""
+    run_id = bindparam("run_id", type_=run_steps.c.run_id.type)
+    return select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
+
+
 async def _steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
-    q = select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
-    return [RunStep.from_row(r) for r in (await conn.execute(q)).all()]
+    rows = (await conn.execute(_steps_statement(), {"run_id": run_id})).all()
+    return [RunStep.from_row(r) for r in rows]
+
+
+async def steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
+    """A run's step records, in order (the engine resuming a run it claimed: it has the run)."""
+    return await _steps_of(conn, run_id)
+
+
+@cache
+def _owned_run_statement() -> Any:
+    """A run, if the workspace and mode own it: what every read of a run (and each turn of a
+    long poll) asks, built once with bound values."""
+    return select(*RUN_COLUMNS).where(
+        runs.c.run_id == bindparam("run_id", type_=runs.c.run_id.type),
+        runs.c.workspace_id == bindparam("workspace_id", type_=runs.c.workspace_id.type),
+        runs.c.mode == bindparam("mode", type_=runs.c.mode.type),
+    )
 
 
 async def get_run(conn: AsyncConnection, workspace_id: str, mode: Mode, run_id: str) -> Run | None:
     """The run with its steps, if the workspace and mode own it."""
-    q = select(*RUN_COLUMNS).where(owned(runs.c.run_id, run_id, workspace_id, mode))
-    row = (await conn.execute(q)).first()
+    params = {"run_id": run_id, "workspace_id": workspace_id, "mode": mode.value}
+    row = (await conn.execute(_owned_run_statement(), params)).first()
     if row is None:
         return None
     run = Run.from_row(row)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, text, update
+from sqlalchemy import Integer, and_, bindparam, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store.driver import driver_of
@@ -102,11 +103,6 @@ async def insert(conn: AsyncConnection, task: Task) -> None:
     await wake_at_commit(conn, "tasks", TASKS_CHANNEL)
 
 
-def _for_update(q: Any, conn: AsyncConnection) -> Any:
-    """Skip the rows another claim holds (where there is more than one writer)."""
-    return driver_of(conn).locking(q, skip_locked=True)
-
-
 async def claim(
     conn: AsyncConnection,
     workspace_id: str,
@@ -119,31 +115,13 @@ async def claim(
     """Up to ``limit`` tasks of ``names`` for ``worker_id``: first those whose lease ran out
     (taken again as the next attempt, the one cut short listed as interrupted), then the
     ready ones, oldest first. Only tasks of runs still going are offered."""
-    going = (  # a subquery, not a join: the claim locks tasks only, never their runs
-        select(runs.c.run_id)
-        .where(
-            runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
-        )
-        .exists()
-    )
-    mine = and_(
-        tasks.c.workspace_id == workspace_id, tasks.c.mode == str(mode), tasks.c.task.in_(names)
-    )
-    lapsed = (
-        select(tasks)
-        .where(mine, going, tasks.c.status == RUNNING, tasks.c.lease_expires_at <= now)
-        .order_by(tasks.c.lease_expires_at)
-        .limit(limit)
-    )
-    found = [Task.from_row(r) for r in (await conn.execute(_for_update(lapsed, conn))).all()]
+    params = {"workspace_id": workspace_id, "mode": str(mode), "names": list(names), "now": now}
+    lapsed = _claimable(RUNNING, driver_of(conn).one_writer)
+    found = [Task.from_row(r) for r in (await conn.execute(lapsed, {**params, "n": limit})).all()]
     if len(found) < limit:
-        ready = (
-            select(tasks)
-            .where(mine, going, tasks.c.status == QUEUED, tasks.c.available_at <= now)
-            .order_by(tasks.c.available_at)
-            .limit(limit - len(found))
-        )
-        found += [Task.from_row(r) for r in (await conn.execute(_for_update(ready, conn))).all()]
+        ready = _claimable(QUEUED, driver_of(conn).one_writer)
+        rows = (await conn.execute(ready, {**params, "n": limit - len(found)})).all()
+        found += [Task.from_row(r) for r in rows]
     if not found:
         return []
     moves: list[dict[str, Any]] = []
@@ -171,6 +149,39 @@ async def claim(
 
 
 _b = bindparam
+
+
+@cache
+def _claimable(status: str, one_writer: bool) -> Any:
+    """A claim's tasks of the names bound, ``running`` ones whose lease ran out or ``queued``
+    ones due, oldest first, at most ``n``; of runs still going (a subquery, not a join: the
+    claim locks tasks only, never their runs, and skips those another claim holds where more
+    than one writes). Built once per kind, its values bound."""
+    going = (
+        select(runs.c.run_id)
+        .where(
+            runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
+        )
+        .exists()
+    )
+    now = _b("now", type_=tasks.c.available_at.type)
+    due = tasks.c.lease_expires_at if status == RUNNING else tasks.c.available_at
+    q = (
+        select(tasks)
+        .where(
+            tasks.c.workspace_id == _b("workspace_id", type_=tasks.c.workspace_id.type),
+            tasks.c.mode == _b("mode", type_=tasks.c.mode.type),
+            tasks.c.task.in_(_b("names", expanding=True, type_=tasks.c.task.type)),
+            going,
+            tasks.c.status == status,
+            due <= now,
+        )
+        .order_by(due)
+        .limit(_b("n", type_=Integer))
+    )
+    return q if one_writer else q.with_for_update(skip_locked=True)
+
+
 _CLAIMED = (
     update(tasks)
     .where(tasks.c.task_id == _b("b_id"))

@@ -71,7 +71,8 @@ class TaskStep(StepBase, kind="task", pure=True, external=False):
 
     async def park(self, cur: Cursor, attempt: Attempt, outcome: Outcome) -> RunStatus:
         """Queue the task and sleep until its end wakes the run (or the run's time is up):
-        the task and the step's ``waiting`` record are one commit."""
+        the task and the step's ``waiting`` record are one commit (the task is written only if
+        the run's guarded write applied: a worker that lost the run queues nothing)."""
         run, now = cur.run, cur.now()
         task = Task(
             task_id=new_id("tsk"), workspace_id=run.workspace_id, mode=run.mode,
@@ -82,9 +83,13 @@ class TaskStep(StepBase, kind="task", pure=True, external=False):
             traceparent=cur.under_step(attempt),
         )  # fmt: skip
         cur.add(attempt.waiting({"task_id": task.task_id, "task": self.task}))
-        async with cur.transaction() as conn:
-            await self.store.insert(conn, task)
-            await cur.apply_in(conn, cur.progress(wake=cur.deadline))
+        store = self.store
+
+        async def queue(conn: AsyncConnection) -> None:  # once the run's write applied
+            await store.insert(conn, task)
+
+        # the group write every run's progress goes through: many runs' tasks, one commit
+        await cur.apply(replace(cur.progress(wake=cur.deadline), after=queue))
         cur.written()
         return RunStatus.RUNNING
 
