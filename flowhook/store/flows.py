@@ -46,7 +46,9 @@ async def insert_flow(
             version=1,
             created_at=now,
             updated_at=now,
-            slug=definition.get("slug"),
+            # written only when there is one: the rows a flow without one writes are the same
+            # as before the column was added (migration 0028)
+            **({"slug": definition["slug"]} if definition.get("slug") else {}),
         )
     )
     await conn.execute(
