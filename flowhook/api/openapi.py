@@ -331,6 +331,7 @@ _FLOW_EXAMPLE = {
 EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/flows"): _FLOW_EXAMPLE,
     ("put", "/flows/{flow_id}"): _FLOW_EXAMPLE,
+    ("post", "/flows/validate"): _FLOW_EXAMPLE,
     ("post", "/flows/execute"): {
         "flow_id": "wf_01jd7w2k3m4n5p6q7r8s9t0v1w",
         "trigger": "api",
@@ -369,7 +370,7 @@ def _add_examples(paths: dict[str, Any]) -> None:
 
 # --- the whole ------------------------------------------------------------------------------
 
-_FLOW_BODIES = [("post", "/flows"), ("put", "/flows/{flow_id}")]
+_FLOW_BODIES = [("post", "/flows"), ("put", "/flows/{flow_id}"), ("post", "/flows/validate")]
 
 
 def complete(doc: dict[str, Any]) -> dict[str, Any]:

@@ -216,7 +216,7 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
     if not isinstance(case.body, dict):
         return case
     route = (case.method.upper(), case.path.removeprefix("/api/v1"))
-    if route in (("POST", "/flows"), ("PUT", "/flows/{flow_id}")):
+    if route in (("POST", "/flows"), ("PUT", "/flows/{flow_id}"), ("POST", "/flows/validate")):
         case.body = _storable(_repaired_definition(case.body))
         return case
     body = _storable(case.body)
