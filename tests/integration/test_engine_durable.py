@@ -141,10 +141,14 @@ async def test_delay_releases_the_worker_and_resumes(api: Api, db: Database) -> 
                 "output": {"y": "{{ steps.before.output.x + 1 }}"},
             },
         ),
-        {"s": 0.6},
+        {"s": 1.0},
     )
-    await asyncio.sleep(0.3)
-    during = (await api.get(f"/api/v1/flows/runs/{run_id}")).json()
+    async with asyncio.timeout(10):  # the run asleep in its delay: an event, not a time
+        while True:
+            during = await _run(api, run_id)
+            if any(s["status"] == "waiting" for s in during["steps"]):
+                break
+            await asyncio.sleep(0.02)
     assert during["status"] == "running"
     assert [(s["id"], s["status"]) for s in during["steps"]] == [
         ("before", "completed"),
@@ -157,7 +161,7 @@ async def test_delay_releases_the_worker_and_resumes(api: Api, db: Database) -> 
     assert run["status"] == "completed"
     assert [s["status"] for s in run["steps"]] == ["completed"] * 3
     assert run["steps"][2]["output"] == {"y": 2}
-    assert run["steps"][1]["duration_ms"] >= 500
+    assert run["steps"][1]["duration_ms"] >= 900
 
 
 async def test_cancel_during_a_delay_is_immediate(api: Api) -> None:
@@ -421,3 +425,7 @@ async def test_flow_concurrency_holds_across_workers(
         in_flight += step
         peak = max(peak, in_flight)
     assert peak <= 2
+
+
+async def _run(api: Api, run_id: str) -> dict[str, Any]:
+    return dict((await api.get(f"/api/v1/flows/runs/{run_id}")).json())
