@@ -280,6 +280,9 @@ _LINKS: dict[tuple[str, str, str], list[_Link]] = {
     ("post", "/tasks/claim", "200"): _to(
         _TASK_ACTIONS, "task_id", "$response.body#/tasks/0/task_id"
     ),
+    ("post", "/tasks/batch", "200"): _to(
+        _TASK_ACTIONS, "task_id", "$response.body#/tasks/0/task_id"
+    ),
     ("get", "/schedules", "200"): _to(
         _SCHEDULE_ACTIONS, "schedule_id", "$response.body#/data/0/id"
     ),

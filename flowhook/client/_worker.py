@@ -1,6 +1,7 @@
 """``Worker``: runs a team's own functions as the ``task`` steps of their flows, in the team's
-own processes, over the worker protocol (``POST /api/v1/tasks/claim``, ``heartbeat``,
-``complete``, ``fail``; docs/workers.md).
+own processes, over the worker protocol (docs/workers.md): ``POST /api/v1/tasks/batch``
+reports the attempts it finished and claims more in one request, ``heartbeat`` keeps what it
+holds.
 
     from flowhook import Worker, NonRetryableError
 
@@ -97,6 +98,19 @@ def _seconds_left(lease: str | None, now: float) -> float:
     return until - now
 
 
+@dataclass(frozen=True, slots=True)
+class _End:
+    """A finished attempt, as ``POST /tasks/batch`` takes it."""
+
+    task_id: str
+    attempt: int
+    result: dict[str, Any]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "attempt": self.attempt, **self.result}
+
+
 class Worker:
     """Claims the tasks of the names it has functions for, ``concurrency`` at a time, runs
     each, heartbeats it while it runs and reports its output or its error."""
@@ -124,6 +138,10 @@ class Worker:
         self._functions: dict[str, TaskFunction] = {}
         self._running: dict[str, tuple[TaskContext, asyncio.Task[None]]] = {}
         self._stopping: asyncio.Event | None = None  # made in the running loop
+        self._ends: list[_End] = []
+        """Attempts finished and not yet reported (sent with the next batch)."""
+        self._ended: asyncio.Event | None = None
+        self._closing = False
         self.completed = 0
         """Tasks this worker finished (completed or failed), for its logs and tests."""
 
@@ -156,6 +174,8 @@ class Worker:
         if not self._functions:
             raise FlowhookClientError("the worker has no task functions: use @worker.task(name)")
         self._stopping = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._closing = False
         loop = asyncio.get_running_loop()
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -167,16 +187,21 @@ class Worker:
             limits=limits, transport=self._transport,
         ) as http:  # fmt: skip
             beats = asyncio.create_task(self._heartbeats(http), name="flowhook-heartbeats")
+            reports = asyncio.create_task(self._reports(http), name="flowhook-reports")
             try:
                 await self._claims(http)
                 while self._running:  # drain: finish what is held
                     await asyncio.gather(
                         *(t for _, t in list(self._running.values())), return_exceptions=True
                     )
+                self._closing = True  # then report the last ends
+                self._ended.set()
+                await reports
             finally:
-                beats.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beats
+                for task in (beats, reports):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 if handle_signals:
                     for sig in (signal.SIGTERM, signal.SIGINT):
                         loop.remove_signal_handler(sig)
@@ -187,6 +212,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             await room.acquire()
+            await asyncio.sleep(0)  # the tasks just started that finish at once free room too
             free = 1
             while free < min(MAX_CLAIM, self.concurrency) and not room.locked():
                 await room.acquire()
@@ -205,23 +231,89 @@ class Worker:
                 room.release()
 
     async def _claim(self, http: httpx.AsyncClient, free: int) -> list[dict[str, Any]]:
-        """Up to ``free`` tasks; a long poll that a stop cuts short (a task claimed by a cut
-        request is offered again when its lease ends)."""
+        """Up to ``free`` tasks, reporting the ends waiting to be sent on the way; a long
+        poll that a stop cuts short (a task claimed by a cut request is offered again when
+        its lease ends; its ends are sent again, which the server answers the same)."""
         assert self._stopping is not None
-        body = {"worker_id": self.worker_id, "tasks": self.tasks, "max": free,
-                "wait_seconds": self._claim_wait}  # fmt: skip
-        request = asyncio.ensure_future(http.post("/tasks/claim", json=body,
-                                                  timeout=self._claim_wait + self._timeout))  # fmt: skip
+        ends = self._take_ends()
+        request = asyncio.ensure_future(self._batch(http, ends, free, self._claim_wait))
         stopping = asyncio.ensure_future(self._stopping.wait())
-        await asyncio.wait({request, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not request.done():
-            request.cancel()
-            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await request
+        try:
+            await asyncio.wait({request, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not request.done():
+                request.cancel()
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError, APIError):
+                    await request
+        if request.cancelled():
+            self._give_back(ends)
             return []
-        answer = check(request.result())
+        try:
+            return request.result()
+        except BaseException:
+            self._give_back(ends)
+            raise
+
+    async def _batch(
+        self, http: httpx.AsyncClient, ends: list[_End], free: int, wait: float
+    ) -> list[dict[str, Any]]:
+        """One ``POST /tasks/batch``: record ``ends``, then claim up to ``free`` tasks."""
+        body = {"worker_id": self.worker_id, "tasks": self.tasks, "max": free,
+                "wait_seconds": wait if free else 0, "ends": [e.body for e in ends]}  # fmt: skip
+        answer = check(await http.post("/tasks/batch", json=body, timeout=wait + self._timeout))
+        for end, said in zip(ends, answer.get("ends", []), strict=False):
+            self._answered(end, said)
         return list(answer.get("tasks", []))
+
+    def _answered(self, end: _End, said: dict[str, Any]) -> None:
+        if said.get("status") == "refused":
+            error = said.get("error") or {}
+            if error.get("code") == 409:
+                log.info("task %s attempt %d no longer holds the task", end.task_id, end.attempt)
+            else:
+                log.error("task %s: %s", end.task_id, error.get("message"))
+        self.completed += 1
+
+    def _take_ends(self) -> list[_End]:
+        ends, self._ends = self._ends[:MAX_CLAIM], self._ends[MAX_CLAIM:]
+        return ends
+
+    def _give_back(self, ends: list[_End]) -> None:
+        """Ends whose report may not have arrived: sent again (answered the same)."""
+        if ends:
+            self._ends[:0] = ends
+            assert self._ended is not None
+            self._ended.set()
+
+    async def _reports(self, http: httpx.AsyncClient) -> None:
+        """Report ends as they come (the claim sends them too when it can, but it may be
+        waiting for tasks), one request at a time; on close, until none is left."""
+        assert self._ended is not None
+        failures = 0
+        while True:
+            if not self._ends:
+                if self._closing:
+                    return
+                self._ended.clear()
+                await self._ended.wait()
+                continue
+            ends = self._take_ends()
+            try:
+                await self._batch(http, ends, 0, 0)
+                failures = 0
+            except (httpx.HTTPError, APIError) as exc:
+                failures += 1
+                if failures > 6 or (isinstance(exc, APIError) and exc.status < 500):
+                    log.error(
+                        "%d task ends could not be reported (%s); they will be offered again",
+                        len(ends), exc,
+                    )  # fmt: skip
+                    failures = 0
+                    continue
+                log.warning("reporting %d task ends failed (%s); trying again", len(ends), exc)
+                self._give_back(ends)
+                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
 
     async def _pause(self, seconds: float) -> None:
         assert self._stopping is not None
@@ -241,16 +333,15 @@ class Worker:
 
         async def work() -> None:
             try:
-                await self._run_one(http, ctx, task.get("input"))
+                await self._run_one(ctx, task.get("input"))
             finally:
                 self._running.pop(ctx.task_id, None)
                 room.release()
 
         self._running[ctx.task_id] = (ctx, asyncio.create_task(work(), name=ctx.task_id))
 
-    async def _run_one(self, http: httpx.AsyncClient, ctx: TaskContext, value: Any) -> None:
+    async def _run_one(self, ctx: TaskContext, value: Any) -> None:
         fn = self._functions.get(ctx.task)
-        path = f"/tasks/{ctx.task_id}"
         try:
             if fn is None:
                 raise NonRetryableError(f"this worker has no function for task {ctx.task!r}")
@@ -260,37 +351,14 @@ class Worker:
                 output = await asyncio.to_thread(fn, value, ctx)
                 if inspect.isawaitable(output):
                     output = await output
-            report: dict[str, Any] = {"attempt": ctx.attempt, "output": output}
-            call = f"{path}/complete"
+            end = _End(ctx.task_id, ctx.attempt, {"output": output})
         except Exception as exc:  # noqa: BLE001 - the function's failure is the task's
             retryable = not isinstance(exc, NonRetryableError)
             error = {"message": str(exc) or type(exc).__name__, "type": type(exc).__name__}
-            report = {"attempt": ctx.attempt, "error": error, "retryable": retryable}
-            call = f"{path}/fail"
-        await self._report(http, call, report, ctx)
-
-    async def _report(
-        self, http: httpx.AsyncClient, call: str, body: dict[str, Any], ctx: TaskContext
-    ) -> None:
-        """Send a task's end, again after a network failure (the server answers a repeat
-        the same); a 409 means the attempt no longer holds the task: nothing to do."""
-        for attempt in range(6):
-            try:
-                response = await http.post(call, json=body)
-            except httpx.HTTPError as exc:
-                log.warning("task %s: reporting its end failed (%s)", ctx.task_id, exc)
-                await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-                continue
-            if response.status_code == 409:
-                log.info("task %s attempt %d no longer holds the task", ctx.task_id, ctx.attempt)
-            elif response.status_code >= 500:
-                await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-                continue
-            elif response.status_code >= 400:
-                log.error("task %s: %s", ctx.task_id, response.text[:500])
-            self.completed += 1
-            return
-        log.error("task %s: its end could not be reported; it will be offered again", ctx.task_id)
+            end = _End(ctx.task_id, ctx.attempt, {"error": error, "retryable": retryable})
+        self._ends.append(end)
+        assert self._ended is not None
+        self._ended.set()
 
     async def _heartbeats(self, http: httpx.AsyncClient) -> None:
         """Heartbeat every task held once a third of its lease has passed."""

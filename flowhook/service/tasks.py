@@ -26,7 +26,16 @@ from flowhook.store.db import Connection, Database
 from flowhook.store.tasks import QueueDepth, Task, WorkerSeen
 from flowhook.store.wakeup import Broadcast, PgListener, Wakeup
 
-__all__ = ["TaskService", "Ended", "MAX_CLAIM", "MAX_WAIT", "TASK_NAME", "WORKERS_SEEN"]
+__all__ = [
+    "TaskService",
+    "End",
+    "Ended",
+    "Refused",
+    "MAX_CLAIM",
+    "MAX_WAIT",
+    "TASK_NAME",
+    "WORKERS_SEEN",
+]
 
 MAX_CLAIM = 100
 MAX_WAIT = 60.0
@@ -96,18 +105,105 @@ class TaskService:
         worker has ``gone`` (it hung up: what a claim took for it would wait for its lease
         to run out, so the poll stops claiming)."""
         _check_claim(worker_id, names, limit, wait)
+        return await self._poll(who, worker_id, names, limit, wait, gone)
+
+    async def _poll(
+        self,
+        who: Principal,
+        worker_id: str,
+        names: list[str],
+        limit: int,
+        wait: float,
+        gone: Callable[[], Awaitable[bool]] | None,
+        woken: asyncio.Event | None = None,
+    ) -> list[Task]:
+        """Claim until something is found or ``wait`` has passed; ``woken``: the caller has
+        just looked (taking this waiter before it did), so the first look is a wait."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
-            woken = self._ready.waiter()  # before the look: a task queued after it wakes us
-            found = await self._claim_once(who, worker_id, names, limit)
+            if woken is None:
+                woken = self._ready.waiter()  # before the look: a task queued after it wakes us
+                found = await self._claim_once(who, worker_id, names, limit)
+                if found:
+                    return found
             left = deadline - loop.time()
-            if found or left <= 0:
-                return found
+            if left <= 0:
+                return []
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(left, _RECHECK))
+            woken = None
             if gone is not None and await gone():
                 return []
+
+    async def batch(
+        self,
+        who: Principal,
+        worker_id: str,
+        names: list[str],
+        ends: Sequence[End],
+        limit: int,
+        wait: float,
+        *,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> tuple[list[Ended | Refused], list[Task]]:
+        """End the attempts of ``ends`` and claim up to ``limit`` tasks, in one write: each
+        end's answer (what ``complete`` or ``fail`` would have answered, or why it was
+        refused, refusing nothing else), then the tasks claimed, waiting as ``claim`` does
+        when none is ready (the ends are committed before the wait)."""
+        _check_claim(worker_id, names, max(limit, 1), wait)
+        if len(ends) > MAX_CLAIM:
+            raise InvalidInput(f"ends may hold at most {MAX_CLAIM} items", field="ends")
+        checked = [self._checked(who, end) for end in ends]
+        found: list[Task] = []
+        answers: list[Ended | Refused] = []
+        woken: asyncio.Event | None = None
+        if checked:
+            woken = self._ready.waiter()  # before the write's look
+            now = self._clock.now()
+            seen = self._due_seen(who, worker_id) if limit else False
+
+            async def write(conn: Connection) -> list[Ended | Refused]:
+                nonlocal found
+                writing = [end for end in checked if isinstance(end, _End)]
+                ended = iter(await _end_all(conn, writing, now))
+                done = [end if isinstance(end, Refused) else _answer(end, next(ended))
+                        for end in checked]  # fmt: skip
+                if limit:
+                    found = await tasks_store.claim(
+                        conn, who.workspace_id, who.mode, names, worker_id, limit, now
+                    )
+                    if seen:
+                        await tasks_store.worker_seen(
+                            conn, who.workspace_id, who.mode, worker_id, names, now
+                        )
+                return done
+
+            answers = await self._db.retrying(write)
+            self._runs.notify()
+            answers = [
+                _output_refused(end, answer) if isinstance(end, _BadOutput) else answer
+                for end, answer in zip(checked, answers, strict=True)
+            ]
+        if limit and not found:
+            found = await self._poll(who, worker_id, names, limit, wait, gone, woken)
+        return answers, found
+
+    def _checked(self, who: Principal, end: End) -> _End | Refused:
+        """``end`` as it will be written, or refused before the write (an unknown id, a bad
+        error); an output that cannot be stored fails the attempt, as ``complete`` does."""
+        try:
+            _check_id(end.task_id)
+            if end.error is not None:
+                _check_error(end.error)
+                return _End(who, end.task_id, end.attempt, None, end.error, end.retryable)
+        except FlowhookError as exc:
+            return Refused(end.task_id, end.attempt, exc)
+        problem = self._output_problem(end.output)
+        if problem is not None:
+            return _BadOutput(who, end.task_id, end.attempt, None,
+                              {"type": "output", "message": problem}, True)  # fmt: skip
+        return _End(who, end.task_id, end.attempt, end.output, None, False)
 
     async def _claim_once(
         self, who: Principal, worker_id: str, names: list[str], limit: int
@@ -199,13 +295,7 @@ class TaskService:
         now = self._clock.now()
 
         async def write(conn: Connection) -> list[Ended | BaseException]:
-            answers: list[Ended | BaseException] = []
-            for end in batch:
-                try:
-                    answers.append(await _end_one(conn, end, now))
-                except FlowhookError as exc:
-                    answers.append(exc)
-            return answers
+            return list(await _end_all(conn, batch, now))
 
         return await self._db.retrying(write)
 
@@ -240,6 +330,27 @@ class TaskService:
 
 
 @dataclass(frozen=True, slots=True)
+class End:
+    """One attempt's end in a batch: its ``output``, or its ``error`` (``retryable``)."""
+
+    task_id: str
+    attempt: int
+    output: Any = None
+    error: dict[str, Any] | None = None
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An end of a batch that was not recorded, and why: the error the single call
+    (``complete``, ``fail``) would have raised."""
+
+    task_id: str
+    attempt: int
+    error: FlowhookError
+
+
+@dataclass(frozen=True, slots=True)
 class _End:
     who: Principal
     task_id: str
@@ -249,22 +360,63 @@ class _End:
     retryable: bool
 
 
-async def _end_one(conn: Connection, end: _End, now: datetime) -> Ended:
+class _BadOutput(_End):
+    """A completion whose output cannot be stored: the attempt fails (type ``output``) and
+    the worker is told why (400)."""
+
+
+def _answer(end: _End, answer: Ended | FlowhookError) -> Ended | Refused:
+    if isinstance(answer, FlowhookError):
+        return Refused(end.task_id, end.attempt, answer)
+    return answer
+
+
+def _output_refused(end: _End, answer: Ended | Refused) -> Refused:
+    if isinstance(answer, Refused):
+        return answer
+    assert end.error is not None
+    return Refused(end.task_id, end.attempt, InvalidInput(end.error["message"], field="output"))
+
+
+async def _end_all(
+    conn: Connection, ends: Sequence[_End], now: datetime
+) -> list[Ended | FlowhookError]:
+    """End the attempts of ``ends`` in a few statements whatever their number: each its
+    answer, or the error of one that is refused (another attempt holds its task, its run
+    ended), which writes nothing and refuses nothing else."""
+    held = await tasks_store.ending(conn, [end.task_id for end in ends])
+    finished: dict[str, Task] = {}
+    answers = [_decide(end, held, finished) for end in ends]
+    await tasks_store.finish_all(conn, list(finished.values()), now)
+    return answers
+
+
+def _decide(
+    end: _End, held: dict[str, tuple[Task, bool]], finished: dict[str, Task]
+) -> Ended | FlowhookError:
+    """What ``end`` does to its task (read in ``held``): the task as it will be written is
+    put in ``finished`` (and changed in ``held``, so a second end of it in the same batch
+    is answered as a repeat would be)."""
     status = "failed" if end.error is not None else "completed"
-    task = await tasks_store.get(conn, end.who.workspace_id, end.who.mode, end.task_id)
-    if task is None:
-        raise missing("task", end.task_id)
+    found = held.get(end.task_id)
+    if found is None or (found[0].workspace_id, found[0].mode) != (
+        end.who.workspace_id,
+        end.who.mode,
+    ):
+        return missing("task", end.task_id)
+    task, going = found
     if task.attempt == end.attempt and _same_end(task, status, end.output, end.error):
         return Ended(end.task_id, status, end.attempt)  # the same call again
     if task.status != "running" or task.attempt != end.attempt:
-        raise _no_longer(end.task_id, end.attempt, task)
-    if not await tasks_store.finish(
-        conn, task, now, output=end.output, error=end.error, retryable=end.retryable
-    ):
-        raise Conflict(
+        return _no_longer(end.task_id, end.attempt, task)
+    if not going:
+        return Conflict(
             f"the run of task {end.task_id!r} was cancelled or has ended; "
             "the attempt's result is not recorded"
         )
+    task.status, task.output, task.error = status, end.output, end.error
+    task.retryable = end.retryable
+    finished[task.task_id] = task
     return Ended(end.task_id, status, end.attempt)
 
 

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import (
     BigInteger,
+    Float,
     Integer,
     LargeBinary,
     SmallInteger,
@@ -54,7 +55,7 @@ Pairs = Sequence[tuple[dict[str, Any], dict[str, Any]]]
 """Rows of an update by key: (the values to write, the key columns' values) each."""
 
 STORED_AS_GIVEN: frozenset[type[TypeEngine[Any]]] = frozenset(
-    {String, Text, Integer, SmallInteger, BigInteger, LargeBinary}
+    {String, Text, Integer, SmallInteger, BigInteger, LargeBinary, Float}
 )
 """Types whose values both drivers hand over and read back as SQLAlchemy's dialects do (no
 processing). Exact classes: a subclass (``Enum`` is a ``String``) may process its values."""

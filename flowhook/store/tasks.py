@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Integer, and_, bindparam, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store import bulk
 from flowhook.store.driver import driver_of
 from flowhook.store.guards import ACTIVE_RUN
 from flowhook.store.models import Mode
@@ -39,7 +40,8 @@ __all__ = [
     "claim",
     "heartbeat",
     "get",
-    "finish",
+    "ending",
+    "finish_all",
     "for_step",
     "retry",
     "time_out",
@@ -88,7 +90,10 @@ class Task:
 
     @classmethod
     def from_row(cls, row: Any) -> Task:
-        values = dict(row._mapping)
+        return cls.from_values(dict(row._mapping))
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> Task:
         values["mode"] = Mode(values["mode"])
         values["interrupted"] = values.get("interrupted") or []
         return cls(**values)
@@ -99,7 +104,10 @@ async def insert(conn: AsyncConnection, task: Task) -> None:
     row = {c.name: getattr(task, c.name) for c in tasks.c}
     row["mode"] = str(task.mode)
     row["interrupted"] = task.interrupted or None
-    await conn.execute(tasks.insert().values(**row))
+    row["heartbeat_seconds"] = float(task.heartbeat_seconds)
+    if task.timeout_seconds is not None:
+        row["timeout_seconds"] = float(task.timeout_seconds)
+    await bulk.insert(conn, tasks, [row])  # a statement built once, not per task
     await wake_at_commit(conn, "tasks", TASKS_CHANNEL)
 
 
@@ -248,51 +256,82 @@ async def get(conn: AsyncConnection, workspace_id: str, mode: Mode, task_id: str
     return await _locked(conn, workspace_id, mode, task_id)
 
 
-async def finish(
-    conn: AsyncConnection,
-    task: Task,
-    now: datetime,
-    *,
-    output: Any = None,
-    error: dict[str, Any] | None = None,
-    retryable: bool = False,
-) -> bool:
-    """End the attempt holding ``task``: completed with ``output``, or failed with ``error``
-    (``retryable``: the step's retry may try again), and wake its run; whether the attempt
-    still held it and its run was still going (else nothing is written)."""
-    if not await _run_going(conn, task.run_id):
-        return False
-    status = FAILED if error is not None else COMPLETED
-    done = await conn.execute(
-        update(tasks)
+async def ending(conn: AsyncConnection, task_ids: Sequence[str]) -> dict[str, tuple[Task, bool]]:
+    """The tasks of ``task_ids`` whose attempts are ending (locked on PostgreSQL, in id
+    order), each with whether its run is still going: one read for a batch of ends."""
+    found: dict[str, tuple[Task, bool]] = {}
+    if not task_ids:
+        return found
+    driver = driver_of(conn)
+    q = _ending(driver.one_writer)
+    rows = (await conn.execute(q, {"ids": sorted(set(task_ids))})).all()
+    for row in rows:
+        values = dict(row._mapping)
+        going = bool(values.pop("going"))
+        task = Task.from_values(values)
+        found[task.task_id] = (task, going)
+    return found
+
+
+@cache
+def _ending(one_writer: bool) -> Any:
+    going = (
+        select(runs.c.run_id)
         .where(
-            tasks.c.task_id == task.task_id,
-            tasks.c.status == RUNNING,
-            tasks.c.attempt == task.attempt,
+            runs.c.run_id == tasks.c.run_id, text(ACTIVE_RUN), runs.c.cancel_requested_at.is_(None)
         )
-        .values(
-            status=status,
-            output=output,
-            error=error,
-            retryable=retryable,
-            finished_at=now,
-            lease_expires_at=None,
-        )
+        .exists()
+        .label("going")
     )
-    if done.rowcount != 1:
-        return False
-    await _wake_run(conn, task.run_id, now)
-    return True
+    q = (
+        select(tasks, going)
+        .where(tasks.c.task_id.in_(_b("ids", expanding=True, type_=tasks.c.task_id.type)))
+        .order_by(tasks.c.task_id)
+    )
+    return q if one_writer else q.with_for_update(of=tasks)
 
 
-async def _wake_run(conn: AsyncConnection, run_id: str, now: datetime) -> None:
-    """Make the task's sleeping run claimable now, and wake the engine at commit."""
+async def finish_all(conn: AsyncConnection, ended: Sequence[Task], now: datetime) -> None:
+    """Record the ends of ``ended`` (read with :func:`ending`, each still held by its
+    attempt, its run going, its ``status``, ``output``, ``error`` and ``retryable`` set to
+    the end) in two statements whatever their number, and wake their runs."""
+    if not ended:
+        return
     await conn.execute(
-        update(runs)
-        .where(runs.c.run_id == run_id, text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
-        .values(available_at=now, due_at=now)
-    )
+        _FINISHED,
+        [
+            {"b_id": t.task_id, "b_attempt": t.attempt, "b_status": t.status,
+             "b_output": t.output, "b_error": t.error, "b_retryable": t.retryable,
+             "b_now": now}
+            for t in ended
+        ],
+    )  # fmt: skip
+    woken = sorted({t.run_id for t in ended})
+    await conn.execute(_WAKE_NOW, [{"b_run": run_id, "b_now": now} for run_id in woken])
     await wake_at_commit(conn, "runs", RUNS_CHANNEL)
+
+
+_FINISHED = (
+    update(tasks)
+    .where(
+        tasks.c.task_id == _b("b_id"),
+        tasks.c.status == RUNNING,
+        tasks.c.attempt == _b("b_attempt"),
+    )
+    .values(
+        status=_b("b_status"),
+        output=_b("b_output", type_=tasks.c.output.type),
+        error=_b("b_error", type_=tasks.c.error.type),
+        retryable=_b("b_retryable"),
+        finished_at=_b("b_now"),
+        lease_expires_at=None,
+    )
+)
+_WAKE_NOW = (
+    update(runs)
+    .where(runs.c.run_id == _b("b_run"), text(ACTIVE_RUN), runs.c.lease_owner.is_(None))
+    .values(available_at=_b("b_now"), due_at=_b("b_now"))
+)
 
 
 async def for_step(

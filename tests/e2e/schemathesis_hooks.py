@@ -204,9 +204,9 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
         # a long-poll on a run that never ends (a wait step) holds the call for up to a
         # minute: shortened, to keep the test's time bounded
         case.query["wait"] = min(case.query["wait"], 0.5)
-    if case.path.endswith("/tasks/claim") and isinstance(case.body, dict):
-        # a claim waits for a task (20 s unless told) and none comes here: shortened, as a
-        # value in range stays in range (an out-of-range one is left to be refused)
+    if case.path.endswith(("/tasks/claim", "/tasks/batch")) and isinstance(case.body, dict):
+        # a claim waits for a task (20 s unless told; a batch 0) and none comes here:
+        # shortened, as a value in range stays in range (an out-of-range one is refused)
         wait = case.body.get("wait_seconds", 20)
         if isinstance(wait, int | float) and not isinstance(wait, bool) and 0 <= wait <= 60:
             case.body["wait_seconds"] = min(wait, 0.5)

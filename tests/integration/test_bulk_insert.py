@@ -29,6 +29,7 @@ from flowhook.store.tables import (
     run_steps,
     runs,
     signals,
+    tasks,
     waits,
 )
 from flowhook.store.types import to_micros
@@ -135,6 +136,18 @@ async def _write_waiting(db: Database) -> None:
              "expires_at": NOW.astimezone(ELSEWHERE), "approve_hash": "a" * 64,
              "reject_hash": "b" * 64}
         ])  # fmt: skip
+        await bulk.insert(conn, tasks, [
+            {"task_id": f"tsk_{i}", "run_id": f"run_{i}", "idx": 3, "workspace_id": "ws_1",
+             "mode": "test", "task": "payments.charge", "root_run_id": "run_0",
+             "flow_id": "flw_1", "step_id": "charge", "input": {"amount": 2.5, "é": [i]},
+             "status": "queued", "attempt": 0, "available_at": NOW.astimezone(ELSEWHERE),
+             "heartbeat_seconds": 30.0, "timeout_seconds": None if i else 1.5,
+             "created_at": NOW, "interrupted": [1] if i else None, "worker_id": None,
+             "lease_expires_at": None, "attempt_deadline": None, "retryable": bool(i),
+             "output": None, "error": None if i else {"message": "m"},
+             "traceparent": None, "claimed_at": None, "finished_at": None}
+            for i in range(2)
+        ])  # fmt: skip
 
 
 def _deliveries() -> list[dict[str, Any]]:
@@ -194,7 +207,7 @@ async def _write_deliveries(db: Database) -> None:
 
 WRITTEN = (
     *("runs", "run_steps", "events", "deliveries", "delivery_attempts"),
-    *("signals", "waits", "approvals"),
+    *("signals", "waits", "approvals", "tasks"),
 )
 """The tables the comparison writes: every one the store writes through ``bulk``."""
 

@@ -73,6 +73,91 @@ async def test_a_worker_claims_completes_and_the_run_goes_on(api: Api) -> None:
     assert worker["in_flight"] == 0
 
 
+async def batch(api: Api, ends: list[dict[str, Any]], **body: Any) -> dict[str, Any]:
+    payload = {"worker_id": "w1", "tasks": ["payments.charge"], "ends": ends, **body}
+    r = await api.post("/api/v1/tasks/batch", payload)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+async def test_a_batch_ends_attempts_each_on_its_own_and_claims_more(
+    api: Api, settings: Settings
+) -> None:
+    flow_id = await api.create_flow(task_flow())
+    runs = [await api.execute(flow_id, {"amount": n}) for n in range(5)]
+    first: list[dict[str, Any]] = []
+    while len(first) < 4:  # each claim answers once one is queued: the runs park one by one
+        first += await claim(api, max=4 - len(first))
+    ok, failing, big, cancelled = first
+    r = await api.post(f"/api/v1/flows/runs/{cancelled['run_id']}/cancel")
+    assert r.status_code in (200, 202), r.text
+    await api.wait(cancelled["run_id"])
+    answer = await batch(
+        api,
+        [
+            {"task_id": ok["task_id"], "attempt": 1, "output": {"id": "ch_ok"}},
+            {"task_id": failing["task_id"], "attempt": 1, "retryable": False,
+             "error": {"message": "card declined", "type": "Declined"}},
+            {"task_id": big["task_id"], "attempt": 1,
+             "output": "x" * (settings.max_step_output_bytes + 10)},
+            {"task_id": cancelled["task_id"], "attempt": 1, "output": 1},
+            {"task_id": "tsk_nope", "attempt": 1, "output": 1},
+            {"task_id": ok["task_id"], "attempt": 2, "output": 1},
+        ],
+        max=5, wait_seconds=5,
+    )  # fmt: skip
+    said = [(a["status"], (a.get("error") or {}).get("code")) for a in answer["ends"]]
+    assert said == [("completed", None), ("failed", None), ("refused", 400), ("refused", 409),
+                    ("refused", 404), ("refused", 409)], answer  # fmt: skip
+    assert "FLOWHOOK_MAX_STEP_OUTPUT_BYTES" in answer["ends"][2]["error"]["message"]
+    [fifth] = answer["tasks"]  # claimed in the same request
+    assert fifth["run_id"] not in {t["run_id"] for t in first} and fifth["attempt"] == 1
+    outcome = {t["run_id"]: (await api.wait(t["run_id"]))["status"] for t in first}
+    assert outcome[ok["run_id"]] == "completed"
+    assert outcome[failing["run_id"]] == outcome[big["run_id"]] == "failed"
+    assert outcome[cancelled["run_id"]] == "cancelled"
+    again = await batch(api, [{"task_id": ok["task_id"], "attempt": 1, "output": {"id": "ch_ok"}}])
+    assert again["ends"][0]["status"] == "completed" and again["tasks"] == []  # a repeat
+    r = await api.post(
+        f"/api/v1/tasks/{fifth['task_id']}/complete", {"attempt": 1, "output": {"id": "x"}}
+    )
+    assert r.status_code == 200, r.text
+    ended = {run_id: (await api.wait(run_id))["status"] for run_id in runs}
+    assert sorted(ended.values()) == ["cancelled", "completed", "completed", "failed", "failed"]
+
+
+async def test_a_batch_waits_for_a_task_after_recording_its_ends(api: Api) -> None:
+    flow = {"name": "two", "steps": [{"id": "a", "type": "task", "task": "payments.charge"},
+                                     {"id": "b", "type": "task", "task": "payments.charge"}]}  # fmt: skip
+    flow_id = await api.create_flow(flow)
+    run_id = await api.execute(flow_id, {})
+    [a] = await claim(api)
+    answer = await batch(api, [{"task_id": a["task_id"], "attempt": 1, "output": 1}],
+                         max=1, wait_seconds=10)  # fmt: skip
+    [b] = answer["tasks"]  # the step its own end made ready
+    assert (b["run_id"], b["step_id"]) == (run_id, "b")
+    answer = await batch(api, [{"task_id": b["task_id"], "attempt": 1, "output": 2}])
+    assert answer == {"ends": [{"task_id": b["task_id"], "status": "completed", "attempt": 1}],
+                      "tasks": []}  # fmt: skip
+    assert (await api.wait(run_id))["status"] == "completed"
+
+
+async def test_bad_batches_answer_400_naming_the_field(api: Api) -> None:
+    base = {"worker_id": "w1", "tasks": ["payments.charge"]}
+    end = {"task_id": "tsk_x", "attempt": 1}
+    for body, field in [
+        ({**base, "ends": [end] * 101}, "ends"),
+        ({**base, "max": 101}, "max"),
+        ({**base, "ends": [{**end, "attempt": 0}]}, "ends.0.attempt"),
+        ({**base, "ends": [{**end, "color": 1}]}, "ends.0.color"),
+        ({**base, "ends": [{**end, "error": {"message": ""}}]}, "ends.0.error.message"),
+        ({"tasks": ["payments.charge"]}, "worker_id"),
+    ]:
+        r = await api.post("/api/v1/tasks/batch", body)
+        assert r.status_code == 400, (body, r.text)
+        assert field in r.text, r.text
+
+
 async def test_a_run_says_what_its_task_waits_for(api: Api) -> None:
     flow_id = await api.create_flow(task_flow())
     run_id = await api.execute(flow_id, {"amount": 1})

@@ -4,17 +4,18 @@ them; ``GET /workers`` says who works and what waits."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
-from flowhook.api.models import error_responses
+from flowhook.api.errors import status_of
+from flowhook.api.models import JSON_INTEGER, error_responses
 from flowhook.api.responses import ORJSONResponse
 from flowhook.clock import isoformat
-from flowhook.service.tasks import MAX_CLAIM, MAX_WAIT, Ended
+from flowhook.service.tasks import MAX_CLAIM, MAX_WAIT, End, Ended, Refused
 from flowhook.store.tasks import Task
 
 router = APIRouter(tags=["tasks"])
@@ -24,7 +25,7 @@ _TASK_NAME = "^[A-Za-z0-9_.:-]{1,200}$"
 _TASK_ID = "^tsk_[0-9a-hjkmnp-tv-z]{26}$"
 
 
-class ClaimRequest(BaseModel):
+class _WorkerNamed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     worker_id: str = Field(
@@ -42,6 +43,9 @@ class ClaimRequest(BaseModel):
         json_schema_extra={"items": {"type": "string", "pattern": _TASK_NAME}},
         examples=[["payments.charge"]],
     )
+
+
+class ClaimRequest(_WorkerNamed):
     max: int = Field(default=1, ge=1, le=MAX_CLAIM, description="At most this many tasks.")
     wait_seconds: float = Field(
         default=20,
@@ -102,6 +106,60 @@ class FailRequest(BaseModel):
         strict=True,
         description="false: the step fails now, whatever its retry says.",
     )
+
+
+class TaskEnd(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(description="tsk_…: the task this attempt held.", max_length=64)
+    attempt: Annotated[int, Strict(), Field(ge=1), JSON_INTEGER] = Field(
+        description="The attempt the claim gave."
+    )
+    output: Any = Field(default=None, description="Completes the attempt with this output.")
+    error: TaskError | None = Field(
+        default=None, description="Fails the attempt instead (as `fail` does)."
+    )
+    retryable: bool = Field(
+        default=True, strict=True, description="With `error`: false fails the step now."
+    )
+
+
+class BatchRequest(_WorkerNamed):
+    ends: list[TaskEnd] = Field(
+        default_factory=list,
+        max_length=MAX_CLAIM,
+        description="Attempts this worker finished: each completes (`output`) or fails "
+        "(`error`) as the single calls do, each answered on its own.",
+    )
+    max: Annotated[int, Strict(), Field(ge=0, le=MAX_CLAIM), JSON_INTEGER] = Field(
+        default=0, description="Then claim at most this many tasks (0: none)."
+    )
+    wait_seconds: float = Field(
+        default=0,
+        strict=True,
+        ge=0,
+        le=MAX_WAIT,
+        description="How long to wait for a task to claim when none is ready (a long poll, "
+        "after the ends are recorded).",
+    )
+
+
+class EndRefused(BaseModel):
+    code: int = Field(description="The status the single call would have answered.")
+    type: str
+    message: str
+
+
+class EndAnswer(BaseModel):
+    task_id: str
+    attempt: int
+    status: str = Field(description="completed, failed, or refused (nothing was recorded).")
+    error: EndRefused | None = Field(default=None, description="Why it was refused.")
+
+
+class BatchAnswer(BaseModel):
+    ends: list[EndAnswer] = Field(description="One answer per end, in the order sent.")
+    tasks: list[ClaimedTask]
 
 
 class Heartbeat(BaseModel):
@@ -169,6 +227,44 @@ async def claim(
         who, body.worker_id, body.tasks, body.max, body.wait_seconds, gone=request.is_disconnected
     )
     return ORJSONResponse({"tasks": [_claimed(t) for t in found]})
+
+
+@router.post(
+    "/tasks/batch",
+    summary="Finish attempts and claim tasks, in one request",
+    description="What a busy worker sends instead of one `complete` or `fail` per task and "
+    "a `claim`: the attempts in `ends` are recorded in one write, each answered as its "
+    "single call would be (a refused one records nothing and refuses nothing else), then up "
+    "to `max` tasks are claimed as `claim` does, waiting up to `wait_seconds` for one.",
+    responses={200: {"model": BatchAnswer}, **_ERRORS},
+)
+async def batch(
+    body: BatchRequest, request: Request, services: ServicesDep, who: CallerDep
+) -> Response:
+    ends = [
+        End(e.task_id, e.attempt, e.output,
+            None if e.error is None else e.error.model_dump(exclude_none=True), e.retryable)
+        for e in body.ends
+    ]  # fmt: skip
+    answers, found = await services.tasks.batch(
+        who, body.worker_id, body.tasks, ends, body.max, body.wait_seconds,
+        gone=request.is_disconnected,
+    )  # fmt: skip
+    return ORJSONResponse(
+        {"ends": [_end_answer(a) for a in answers], "tasks": [_claimed(t) for t in found]}
+    )
+
+
+def _end_answer(answer: Ended | Refused) -> dict[str, Any]:
+    if isinstance(answer, Ended):
+        return answer.body()
+    exc = answer.error
+    return {
+        "task_id": answer.task_id,
+        "attempt": answer.attempt,
+        "status": "refused",
+        "error": {"code": status_of(exc), "type": exc.code, "message": exc.message},
+    }
 
 
 @router.post(
