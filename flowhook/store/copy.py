@@ -31,7 +31,7 @@ from sqlalchemy import Table, and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.errors import FlowhookError, SecretKeyError
-from flowhook.store import secrets
+from flowhook.store import bulk, secrets
 from flowhook.store.crypto import SETTING, SecretBox, generate_key, key_file_for, parse_keys
 from flowhook.store.db import Database
 from flowhook.store.driver import driver_for_url
@@ -281,7 +281,7 @@ async def _copy_table(
             rows = [dict(r._mapping) for r in await reading.execute(stmt)]
             if not rows:
                 return done
-            await writing.execute(table.insert(), rows)
+            await bulk.insert(writing, table, rows)
         except FlowhookError as exc:
             raise CopyFailed(table.name, exc.message) from exc
         except Exception as exc:  # any driver's error: name the table, say how to restart
