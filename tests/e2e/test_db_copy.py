@@ -272,8 +272,10 @@ def small_source(tmp_path: Path) -> Path:
     async def build() -> None:
         async with _app(f"sqlite:///{path}", None, worker=True) as c:
             flow = await _made(c, "/flows", {"name": "done", "steps": [FLOWS["done"]]})
-            run = await _made(c, "/flows/execute", {"flow_id": flow["flow_id"], "payload": {}})
-            await _until(c, f"/flows/runs/{run['run_id']}", lambda r: r["status"] == "completed")
+            execute = {"flow_id": flow["flow_id"], "payload": {"n": 1}}
+            run = await _made(c, "/flows/execute", execute)
+            ended = await _until(c, f"/flows/runs/{run['run_id']}", lambda r: r["status"] in ENDED)
+            assert ended["status"] == "completed", ended
 
     asyncio.run(build())
     return path
