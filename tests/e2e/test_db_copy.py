@@ -165,6 +165,23 @@ async def _counts(url: str, secret_key: str | None = None) -> dict[str, int]:
         await db.dispose()
 
 
+async def _rows(url: str, secret_key: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows in primary-key order, as the store reads them (ids, times, JSON
+    made Python values by the column types): equal on both backends for the same data."""
+    db = Database(url, secret_key=secret_key)
+    try:
+        async with db.read() as conn:
+            return {
+                t.name: [
+                    tuple(row)
+                    for row in await conn.execute(select(t).order_by(*t.primary_key.columns))
+                ]
+                for t in metadata.sorted_tables
+            }
+    finally:
+        await db.dispose()
+
+
 def _copy(source: Path, target: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "FLOWHOOK_SECRET_KEY"}
     return subprocess.run(
@@ -196,6 +213,7 @@ async def test_a_sqlite_installation_moves_to_postgresql_and_goes_on(
     got = await _build(source, receiver)
     before = await _counts(f"sqlite:///{source}")
     assert all(before[t] for t in HELD_ROWS), before
+    rows = await _rows(f"sqlite:///{source}")
 
     done = await asyncio.to_thread(_copy, source, pg_target)
     assert done.returncode == 0, done.stderr
@@ -205,7 +223,10 @@ async def test_a_sqlite_installation_moves_to_postgresql_and_goes_on(
     assert "runs" in done.stderr  # progress, a line per table (not a terminal here)
     key = key_file.read_text().strip()
     assert await _counts(pg_target, key) == before
-    assert await _counts(f"sqlite:///{source}") == before  # the source is only read
+    copied = await _rows(pg_target, key)
+    for table in metadata.sorted_tables:  # every value, as the store reads it
+        assert copied[table.name] == rows[table.name], table.name
+    assert await _rows(f"sqlite:///{source}") == rows  # the source is only read
 
     with serve(
         tmp_path,
