@@ -661,7 +661,7 @@ def db_copy(
     their secrets sealed, hooks, schedules, signals, approvals, tasks…) into an empty
     PostgreSQL database, in one transaction, and check each table's row count. Stop the
     servers on the source first. Says which FLOWHOOK_SECRET_KEY the new servers need."""
-    from flowhook.cli_copy import ProgressLines, source_url, summary
+    from flowhook.cli_copy import Interrupted, ProgressLines, run, source_url, summary
     from flowhook.config import database_backend
     from flowhook.errors import FlowhookError
     from flowhook.store.copy import RESTART, copy_database
@@ -677,11 +677,11 @@ def db_copy(
         settings.database_url, to, secret_key=key, progress=ProgressLines(sys.stderr)
     )
     try:
-        copied = asyncio.run(work)
+        copied = run(work)
     except FlowhookError as exc:
         err_console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
+    except Interrupted:
         err_console.print(f"[red]interrupted:[/red] {RESTART}", soft_wrap=True)
         raise typer.Exit(1) from None
     for line in summary(copied):

@@ -4,19 +4,54 @@ itself is :mod:`flowhook.store.copy`'s."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowhook.store.copy import Copied
 
-__all__ = ["ProgressLines", "progress_line", "source_url", "summary"]
+__all__ = ["Interrupted", "ProgressLines", "progress_line", "run", "source_url", "summary"]
 
 BAR = 24
 PLAIN_EVERY = 5.0
 """Seconds between a long table's plain lines when the output is not a terminal."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the copy (its transaction rolled back)."""
+
+
+def run(work: Coroutine[Any, Any, Copied]) -> Copied:
+    """``work`` on an event loop until it ends, or until SIGINT or SIGTERM cancels it:
+    then :class:`Interrupted`, whatever error the cancelled statement became on its way out
+    (a driver may report a cancelled query as a failure of its own)."""
+    stopped = False
+
+    async def main() -> Copied:
+        nonlocal stopped
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+        return await work
+
+    try:
+        return asyncio.run(main())
+    except BaseException:
+        if stopped:
+            raise Interrupted from None
+        raise
 
 
 def source_url(given: str) -> str:

@@ -79,9 +79,9 @@ class CopyFailed(FlowhookError):
 
     code = "copy_failed"
 
-    def __init__(self, table: str, reason: str) -> None:
-        super().__init__(f"the copy stopped at table {table}: {reason}; {RESTART}")
-        self.table = table
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"the copy stopped at {where}: {reason}; {RESTART}")
+        self.where = where
 
 
 @dataclass(frozen=True)
@@ -190,27 +190,45 @@ async def _copy(
     source = Database(source_url, secret_key=advice.keys)
     target = Database(target_url, secret_key=advice.keys)
     try:
-        await _check_source(source)
-        try:
+        async with _refusing("the source cannot be read"):
+            await _check_source(source)
+        async with _refusing("the target cannot be reached or migrated"):
             await migrate(target)
-        except SecretKeyError:
-            raise
-        except FlowhookError as exc:
-            raise CopyRefused(f"the target cannot be migrated: {exc.message}") from exc
-        await _check_empty(target)
+            await _check_empty(target)
         copied = Copied(key=advice)
-        async with _snapshot(source) as reading, target.transaction() as writing:
-            totals = {t.name: await _count(reading, t) for t in copy_order()}
-            for table in copy_order():
-                copied.counts[table.name] = await _copy_table(
-                    reading, writing, table, totals[table.name], progress, batch
-                )
-            await _verify(writing, totals, copied.counts, advice)
+        at = "the start"
+        try:
+            async with _snapshot(source) as reading, target.transaction() as writing:
+                totals = {t.name: await _count(reading, t) for t in copy_order()}
+                for table in copy_order():
+                    at = f"table {table.name}"
+                    copied.counts[table.name] = await _copy_table(
+                        reading, writing, table, totals[table.name], progress, batch
+                    )
+                at = "the check"
+                await _verify(writing, totals, copied.counts, advice)
+                at = "the commit"
+        except CopyFailed:
+            raise
+        except Exception as exc:  # any error (or the store's): where it stopped, and why
+            raise CopyFailed(at, _reason(exc)) from exc
         copied.seconds = time.monotonic() - started
         return copied
     finally:
         await source.dispose()
         await target.dispose()
+
+
+@contextlib.asynccontextmanager
+async def _refusing(what: str) -> AsyncIterator[None]:
+    """Any error of the block (a database not there, unreachable, refusing the user) as
+    :class:`CopyRefused`: ``what`` and the reason, in one line, before anything was copied."""
+    try:
+        yield
+    except (CopyRefused, SecretKeyError):
+        raise
+    except Exception as exc:
+        raise CopyRefused(f"{what}: {_reason(exc)}") from exc
 
 
 async def _check_source(source: Database) -> None:
@@ -281,16 +299,11 @@ async def _copy_table(
     if progress is not None:
         progress(table.name, 0, total)
     while True:
-        try:
-            stmt = query if last is None else query.where(after_key(table, last))
-            rows = [dict(r._mapping) for r in await reading.execute(stmt)]
-            if not rows:
-                return done
-            await driver_of(writing).insert(writing, table, rows)
-        except FlowhookError as exc:
-            raise CopyFailed(table.name, exc.message) from exc
-        except Exception as exc:  # any driver's error: name the table, say how to restart
-            raise CopyFailed(table.name, _reason(exc)) from exc
+        stmt = query if last is None else query.where(after_key(table, last))
+        rows = [dict(r._mapping) for r in await reading.execute(stmt)]
+        if not rows:
+            return done
+        await driver_of(writing).insert(writing, table, rows)
         done += len(rows)
         last = [rows[-1][c.name] for c in key]
         if progress is not None:
@@ -300,9 +313,15 @@ async def _copy_table(
 
 
 def _reason(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None)
-    said = str(orig if orig is not None else exc).strip().splitlines()
-    return f"{type(orig or exc).__name__}: {said[0] if said else ''}"
+    """What went wrong, in one line: the store's message (a :class:`FlowhookError`) and the
+    first line of what the driver said under it, with the kind of the driver's error."""
+    said = [exc.message] if isinstance(exc, FlowhookError) else []
+    cause = exc.__cause__ if isinstance(exc, FlowhookError) else exc
+    if cause is not None:
+        orig = getattr(cause, "orig", None) or cause
+        lines = str(orig).strip().splitlines()
+        said.append(f"{type(orig).__name__}: {lines[0] if lines else 'no message'}")
+    return "; ".join(said)
 
 
 async def _verify(
@@ -313,7 +332,7 @@ async def _verify(
     for name, total in totals.items():
         have = await _count(writing, metadata.tables[name])
         if have != total or copied[name] != total:
-            raise CopyFailed(name, f"the source has {total} rows, the target {have}")
+            raise CopyFailed(f"table {name}", f"the source has {total} rows, the target {have}")
     box = SecretBox(parse_keys(key.keys))
     source = {"setting": SETTING, "file": f"the key file {key.key_file}"}.get(
         key.came_from, "a new key (the source had none)"
@@ -325,4 +344,4 @@ async def _verify(
     try:
         await writing.run_sync(check)
     except SecretKeyError as exc:
-        raise CopyFailed("webhook_endpoints", exc.message) from exc
+        raise CopyFailed("the check of the secrets", exc.message) from exc

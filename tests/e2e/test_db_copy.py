@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -322,6 +323,18 @@ def test_a_source_a_running_server_holds_is_refused(small_source: Path, pg_targe
     assert _copy(small_source, pg_target).returncode == 0  # the server gone, it goes through
 
 
+async def _prepare(url: str, sql: str) -> None:
+    """Migrate the target, then run ``sql`` on it (what makes it fail or stall partway)."""
+    db = Database(url, secret_key=TEST_SECRET_KEY)
+    await migrate(db)
+    await db.dispose()
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
 def test_a_copy_that_fails_partway_leaves_the_target_empty_and_says_run_it_again(
     small_source: Path, pg_target: str
 ) -> None:
@@ -329,21 +342,12 @@ def test_a_copy_that_fails_partway_leaves_the_target_empty_and_says_run_it_again
     it were written): nothing is kept, the source is as it was, and the same command run
     again, once the cause is gone, copies everything."""
 
-    async def prepare(sql: str) -> None:
-        db = Database(pg_target, secret_key=TEST_SECRET_KEY)
-        await migrate(db)
-        await db.dispose()
-        conn = await asyncpg.connect(pg_target)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
     asyncio.run(
-        prepare(
+        _prepare(
+            pg_target,
             "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
             "$$ BEGIN RAISE EXCEPTION 'disk full (a test)'; END $$;"
-            "CREATE TRIGGER refuse BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION refuse()"
+            "CREATE TRIGGER refuse BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION refuse()",
         )
     )
     before = _sqlite_rows(small_source)
@@ -354,6 +358,46 @@ def test_a_copy_that_fails_partway_leaves_the_target_empty_and_says_run_it_again
     assert "the source is untouched" in said and "run the same command again" in said
     assert not any(asyncio.run(_counts(pg_target, TEST_SECRET_KEY)).values())
     assert _sqlite_rows(small_source) == before
-    asyncio.run(prepare("DROP TRIGGER refuse ON runs"))
+    asyncio.run(_prepare(pg_target, "DROP TRIGGER refuse ON runs"))
     assert _copy(small_source, pg_target).returncode == 0
     assert asyncio.run(_counts(pg_target, TEST_SECRET_KEY)) == before
+
+
+def test_ctrl_c_stops_the_copy_with_nothing_kept_and_says_run_it_again(
+    small_source: Path, pg_target: str
+) -> None:
+    """SIGINT while a table is being written (the target stalls on the runs' rows until
+    then): exit 1, "interrupted", no row kept in the target, the source as it was."""
+    asyncio.run(
+        _prepare(
+            pg_target,
+            "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;"
+            "CREATE TRIGGER stall BEFORE INSERT ON runs FOR EACH ROW EXECUTE FUNCTION stall()",
+        )
+    )
+    before = _sqlite_rows(small_source)
+    environment = {k: v for k, v in os.environ.items() if k != "FLOWHOOK_SECRET_KEY"}
+    proc = subprocess.Popen(
+        [FLOWHOOK, "db", "copy", "--from", str(small_source), "--to", pg_target],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        said = ""
+        while not said.startswith("run_trees"):  # the table before runs is done
+            said = proc.stderr.readline() if proc.stderr else ""
+            assert said or proc.poll() is None, "the copy ended before it reached runs"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out + err
+    said = " ".join(err.split())
+    assert "interrupted:" in said and "run the same command again" in said
+    assert not any(asyncio.run(_counts(pg_target, TEST_SECRET_KEY)).values())
+    assert _sqlite_rows(small_source) == before
