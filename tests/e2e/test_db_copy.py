@@ -7,8 +7,9 @@ a signal, a worker seen. The real CLI copies it into a new PostgreSQL database; 
 server then starts there with the FLOWHOOK_SECRET_KEY the command named, and takes over:
 the same key works, a run reads the same, the queued run and the pending delivery go out
 signed with the endpoint's secret, the waiting runs resume. The refusals: a non-empty
-target, a source a running server holds, and a copy that fails partway (the target's
-transaction rolled back, the source unchanged, the message says to run it again)."""
+target, a source a running server holds (and a server, a file a copy reads), a copy that
+fails partway and one interrupted with Ctrl-C (the target's transaction rolled back, the
+source unchanged, the message says to run it again)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ from sqlalchemy import func, select
 from flowhook.app import create_app
 from flowhook.config import Settings
 from flowhook.store.db import Database
+from flowhook.store.holding import holding
 from flowhook.store.migrate import migrate
 from flowhook.store.models import Mode
 from flowhook.store.tables import metadata
 from tests.conftest import Receiver, new_pg_database
 from tests.support import FLOWHOOK, TEST_SECRET_KEY, serve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = pytest.mark.e2e
 
 API = "/api/v1"
 ENDED = ("completed", "failed", "cancelled")
@@ -206,6 +208,7 @@ def pg_target() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.postgres
 @pytest.mark.timeout(240)
 async def test_a_sqlite_installation_moves_to_postgresql_and_goes_on(
     tmp_path: Path, receiver: Receiver, pg_target: str
@@ -303,6 +306,7 @@ def small_source(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.postgres
 def test_a_target_that_is_not_empty_is_refused_naming_a_table(
     small_source: Path, pg_target: str
 ) -> None:
@@ -313,6 +317,7 @@ def test_a_target_that_is_not_empty_is_refused_naming_a_table(
     assert "the target database is not empty: table" in said and "has rows" in said
 
 
+@pytest.mark.postgres
 def test_a_source_a_running_server_holds_is_refused(small_source: Path, pg_target: str) -> None:
     url = f"sqlite:///{small_source}"
     with serve(small_source.parent, url, FLOWHOOK_LOG_LEVEL="warning"):
@@ -335,6 +340,7 @@ async def _prepare(url: str, sql: str) -> None:
         await conn.close()
 
 
+@pytest.mark.postgres
 def test_a_copy_that_fails_partway_leaves_the_target_empty_and_says_run_it_again(
     small_source: Path, pg_target: str
 ) -> None:
@@ -363,6 +369,7 @@ def test_a_copy_that_fails_partway_leaves_the_target_empty_and_says_run_it_again
     assert asyncio.run(_counts(pg_target, TEST_SECRET_KEY)) == before
 
 
+@pytest.mark.postgres
 def test_ctrl_c_stops_the_copy_with_nothing_kept_and_says_run_it_again(
     small_source: Path, pg_target: str
 ) -> None:
@@ -401,3 +408,14 @@ def test_ctrl_c_stops_the_copy_with_nothing_kept_and_says_run_it_again(
     assert "interrupted:" in said and "run the same command again" in said
     assert not any(asyncio.run(_counts(pg_target, TEST_SECRET_KEY)).values())
     assert _sqlite_rows(small_source) == before
+
+
+def test_a_server_does_not_start_on_a_file_a_copy_is_reading(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'flowhook.db'}"
+    env = {**os.environ, "FLOWHOOK_DATABASE_URL": url}
+    with holding(url, exclusive=True):  # as `flowhook db copy` holds its source
+        done = subprocess.run(
+            [FLOWHOOK, "worker"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2
+    assert "`flowhook db copy` is reading this database" in " ".join(done.stderr.split())
