@@ -141,11 +141,17 @@ def after_key(table: Table, last: Sequence[Any]) -> Any:
 
 def source_keys(secret_key: str | None, source_url: str) -> KeyAdvice:
     """The keys that open the source's sealed secrets: FLOWHOOK_SECRET_KEY as given, else
-    the key file beside a SQLite source (read, never made), else a new key."""
+    the key file beside a SQLite source (read, never made), else (a SQLite file that never
+    had one, so no sealed secret) a new key; a PostgreSQL source needs FLOWHOOK_SECRET_KEY."""
     if secret_key:
         return KeyAdvice(",".join(parse_keys(secret_key)), "setting")
     path = key_file_for(source_url)
-    if path is not None and path.exists():
+    if path is None:  # PostgreSQL: its servers were given the key, the copy needs it too
+        raise CopyRefused(
+            f"{SETTING} is not set: set it as the source's servers have it (the copy checks "
+            "that every stored secret opens with it, and the target's servers need it)"
+        )
+    if path.exists():
         keys = parse_keys(path.read_text(encoding="ascii"), f"the key file {path}")
         return KeyAdvice(",".join(keys), "file", path)
     return KeyAdvice(generate_key(), "new")

@@ -185,7 +185,7 @@ async def _rows(url: str, secret_key: str | None = None) -> dict[str, list[tuple
         await db.dispose()
 
 
-def _copy(source: Path, target: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _copy(source: Path | str, target: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "FLOWHOOK_SECRET_KEY"}
     return subprocess.run(
         [FLOWHOOK, "db", "copy", "--from", str(source), "--to", target],
@@ -408,6 +408,37 @@ def test_ctrl_c_stops_the_copy_with_nothing_kept_and_says_run_it_again(
     assert "interrupted:" in said and "run the same command again" in said
     assert not any(asyncio.run(_counts(pg_target, TEST_SECRET_KEY)).values())
     assert _sqlite_rows(small_source) == before
+
+
+@pytest.mark.postgres
+def test_a_postgresql_installation_copies_too_given_its_key(
+    small_source: Path, pg_target: str
+) -> None:
+    """``--from`` a PostgreSQL URL: it needs FLOWHOOK_SECRET_KEY (as its servers have it) and
+    no other session on the source; then every row arrives as it was."""
+    assert _copy(small_source, pg_target).returncode == 0
+    key = (small_source.parent / "flowhook.db.key").read_text().strip()
+    rows = asyncio.run(_rows(f"sqlite:///{small_source}"))
+
+    async def copy_while_another_session_is_connected(target: str) -> str:
+        other = await asyncpg.connect(pg_target)
+        try:
+            held = await asyncio.to_thread(_copy, pg_target, target, FLOWHOOK_SECRET_KEY=key)
+        finally:
+            await other.close()
+        assert held.returncode == 1
+        return " ".join(held.stderr.split())
+
+    with new_pg_database() as second:
+        no_key = _copy(pg_target, second)
+        assert no_key.returncode == 1
+        assert "FLOWHOOK_SECRET_KEY is not set" in " ".join(no_key.stderr.split())
+        said = asyncio.run(copy_while_another_session_is_connected(second))
+        assert "other session(s) are connected to the source database" in said
+        done = _copy(pg_target, second, FLOWHOOK_SECRET_KEY=key)
+        assert done.returncode == 0, done.stderr
+        assert "FLOWHOOK_SECRET_KEY set as it is for this copy" in " ".join(done.stdout.split())
+        assert asyncio.run(_rows(second, key)) == rows
 
 
 def test_a_server_does_not_start_on_a_file_a_copy_is_reading(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.dialects import postgresql
 
 from flowhook.cli_copy import ProgressLines, progress_line, source_url
-from flowhook.store.copy import KeyAdvice, after_key, copy_order
+from flowhook.store.copy import CopyRefused, KeyAdvice, after_key, copy_order, source_keys
 from flowhook.store.holding import Held, holding, lock_file_for
 from flowhook.store.tables import delivery_attempts, metadata, runs, workers
 
@@ -90,3 +90,14 @@ def test_the_key_advice_names_the_key_file_never_its_content(tmp_path: Path) -> 
     assert f"FLOWHOOK_SECRET_KEY=$(cat '{path}')" in said and "k" * 44 not in said
     assert "k" * 44 not in KeyAdvice("k" * 44, "setting").say()
     assert "k" * 44 in KeyAdvice("k" * 44, "new").say()  # made for the target: shown once
+
+
+def test_the_keys_come_from_the_setting_the_key_file_or_are_made(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'flowhook.db'}"
+    made = source_keys(None, url)
+    assert made.came_from == "new" and not (tmp_path / "flowhook.db.key").exists()
+    (tmp_path / "flowhook.db.key").write_text(made.keys + "\n")
+    assert source_keys(None, url) == KeyAdvice(made.keys, "file", tmp_path / "flowhook.db.key")
+    assert source_keys(made.keys, url).came_from == "setting"
+    with pytest.raises(CopyRefused, match="FLOWHOOK_SECRET_KEY is not set"):
+        source_keys(None, "postgresql://u@h/db")
