@@ -7,6 +7,7 @@ SDK and the CLI alone, in a fraction of the time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -80,6 +81,10 @@ secrets_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(secrets_app, name="secrets")
+db_app = typer.Typer(
+    help="Move the database: copy an installation into PostgreSQL.", no_args_is_help=True
+)
+app.add_typer(db_app, name="db")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -140,6 +145,26 @@ def _check_secret_key(settings: Settings) -> None:
         Keyring(settings.secret_key, settings.database_url).box()
     except SecretKeyError as exc:
         err_console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+
+
+_HOLDS = contextlib.ExitStack()
+"""The locks this process holds until it exits (``_hold``)."""
+
+
+def _hold(settings: Settings) -> None:
+    """Hold the SQLite file shared (``flowhook.store.holding``) until this process exits, as
+    every server does while it runs: `flowhook db copy` refuses a source so held, and a
+    server does not start while a copy reads its file."""
+    from flowhook.store.holding import Held, holding
+
+    try:
+        _HOLDS.enter_context(holding(settings.database_url, exclusive=False))
+    except Held as held:
+        err_console.print(
+            f"[red]error:[/red] `flowhook db copy` is reading this database ({held.path} is "
+            "held): start the servers on its target once it has finished"
+        )
         raise typer.Exit(2) from None
 
 
@@ -233,6 +258,7 @@ def serve(
     from flowhook.store.driver import driver_for_url
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
+    _hold(settings)
     listener = None
     if settings.port == 0:  # any free port: bound here, so every part is told the real one
         listener = _bind_any_port(settings.host)
@@ -333,6 +359,7 @@ def api(
     import uvicorn
 
     settings = _server_settings(host=host, port=port, database_url=database_url)
+    _hold(settings)
     _with_db(settings, lambda db: _noop())
     listener = _bind_any_port(settings.host) if settings.port == 0 else None
     if listener is not None:
@@ -383,6 +410,7 @@ def worker(
     from flowhook.gctune import tune_for_server
 
     settings = _server_settings(worker_concurrency=concurrency, database_url=database_url)
+    _hold(settings)
     tune_for_server()
     asyncio.run(_work(settings))
 
@@ -607,6 +635,57 @@ def secrets_rotate(database_url: DatabaseOpt = None) -> None:
         f"re-encrypted {sealed['endpoints']} endpoint secrets and {sealed['hooks']} hook "
         "secrets under the newest key"
     )
+
+
+@db_app.command("copy")
+def db_copy(
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The PostgreSQL database to copy into (postgresql://…): empty; migrated here.",
+            show_default=False,
+        ),
+    ],
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="The database to copy: a SQLite file's path or a URL "
+            "(default FLOWHOOK_DATABASE_URL).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Copy every row (workspaces, keys, flows, runs, events, deliveries, endpoints with
+    their secrets sealed, hooks, schedules, signals, approvals, tasks…) into an empty
+    PostgreSQL database, in one transaction, and check each table's row count. Stop the
+    servers on the source first. Says which FLOWHOOK_SECRET_KEY the new servers need."""
+    from flowhook.cli_copy import Interrupted, ProgressLines, run, source_url, summary
+    from flowhook.config import database_backend
+    from flowhook.errors import FlowhookError
+    from flowhook.store.copy import RESTART, copy_database
+
+    settings = _settings(database_url=source_url(source) if source else None)
+    try:
+        database_backend(to)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] --to: {exc}")
+        raise typer.Exit(2) from None
+    key = settings.secret_key.get_secret_value() if settings.secret_key else None
+    work = copy_database(
+        settings.database_url, to, secret_key=key, progress=ProgressLines(sys.stderr)
+    )
+    try:
+        copied = run(work)
+    except FlowhookError as exc:
+        err_console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    except Interrupted:
+        err_console.print(f"[red]interrupted:[/red] {RESTART}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    for line in summary(copied):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 def main() -> None:
