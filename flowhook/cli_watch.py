@@ -32,7 +32,16 @@ from flowhook.client import (
     StreamEvent,
 )
 
-__all__ = ["EventFeed", "Board", "event_line", "follow", "print_step", "wait_quietly", "watch"]
+__all__ = [
+    "EventFeed",
+    "Board",
+    "event_line",
+    "follow",
+    "print_step",
+    "waiting_line",
+    "wait_quietly",
+    "watch",
+]
 
 QUIET = 2.0
 """Seconds without an event after which the run record is read (what a step waits for)."""
@@ -286,6 +295,39 @@ def _waiting_for(step: Step) -> str:
         message = escape(str(output.get("message") or "a decision"))
         return f" [yellow]for approval: {message}{until}[/yellow]"
     return f" [yellow]{until.strip()}[/yellow]" if until else ""
+
+
+def waiting_line(why: dict[str, Any] | None) -> str:
+    """A run's ``waiting_for`` in words, or ``""``."""
+    if not why:
+        return ""
+    reason = why.get("reason")
+    until = f" until {why['until']}" if why.get("until") else ""
+    step = f" in step {why['step_id']}" if why.get("step_id") else ""
+    key = f" for key {why['key']!r}" if why.get("key") else ""
+    text = {
+        "worker": f"for an engine worker to take it (queued since {why.get('since')})",
+        "concurrency": f"for a concurrency slot{key}"
+        + (f", held by {', '.join(why['held_by'])}" if why.get("held_by") else ""),
+        "throttle": f"for the throttle{key}{until}",
+        "debounce": f"for the debounce{key} to settle",
+        "delay": f"for the delay{step}{until}",
+        "retry": f"to retry{step} (attempt {why.get('attempt')}){until}",
+        "signal": f"for the signal {why.get('name')}{step}{until}",
+        "approval": f"for an approval{step}{until}",
+        "child": f"for the child run {why.get('run_id')}{step}",
+        "parts": f"for its parts{step}: "
+        + ", ".join(f"{n} {s}" for s, n in (why.get("parts") or {}).items()),
+        "task": f"for the task {why.get('task')}{step}: "
+        + (
+            f"worker {why['worker_id']} runs attempt {why.get('attempt')}"
+            if why.get("worker_id")
+            else "no worker runs it (flowhook tasks serve)"
+            if why.get("no_worker")
+            else "waiting to be claimed"
+        ),
+    }.get(str(reason), str(reason))
+    return f"waiting {escape(text)}"
 
 
 def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:

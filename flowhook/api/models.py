@@ -236,21 +236,42 @@ class StepRecord(BaseModel):
 
 class WaitingFor(BaseModel):
     reason: str = Field(
-        description="`concurrency`, `throttle` or `debounce` (a queued run that flow control "
-        "holds back); `task` (a running run asleep in a `task` step)."
+        description="Why the run is not executing a step now. A queued run: `worker` (no "
+        "engine worker has taken it yet, `since`), or flow control holds it back: "
+        "`concurrency` (`key`, `held_by`: the runs holding the slots), `throttle` (`key`, "
+        "`until`), `debounce` (`key`). A running run asleep in a step of its own (`step_id`): "
+        "`delay` (`until`), `retry` (`attempt`: the next one, `until`), `signal` (`name`, "
+        "`match`, `until`), `approval` (`until`), `task` (`task`, `attempt` and `worker_id`, "
+        "or `no_worker`), `child` (`run_id`), `parts` (`parts`: its branches or items by "
+        "status)."
     )
+    step_id: str | None = Field(default=None, description="The step it sleeps in.")
     key: str | None = Field(
         default=None, description="The key value it waits on (null: the whole flow)."
     )
+    since: str | None = Field(default=None, description="`worker`: queued since.")
     until: str | None = Field(
         default=None,
-        description="A throttled run: the start reserved for it; a task: when it may be "
-        "claimed (a retry's backoff).",
+        description="When the wait ends by itself (a delay, a backoff, a throttle's reserved "
+        "start, a timeout; a task: when it may be claimed); null: no time set.",
+    )
+    held_by: list[str] | None = Field(
+        default=None, description="`concurrency`: the runs holding the slots (at most 20)."
+    )
+    name: str | None = Field(default=None, description="`signal`: the signal's name.")
+    match: dict[str, Any] | None = Field(
+        default=None, description="`signal`: the values the signal must carry."
+    )
+    run_id: str | None = Field(default=None, description="`child`: the child run.")
+    parts: dict[str, int] | None = Field(
+        default=None, description="`parts`: how many branches or items are in each status."
     )
     task: str | None = Field(default=None, description="A task: its name.")
     task_id: str | None = None
     worker_id: str | None = Field(default=None, description="A task: the worker holding it.")
-    attempt: int | None = Field(default=None, description="A task held: the attempt.")
+    attempt: int | None = Field(
+        default=None, description="A task held: the attempt; `retry`: the next attempt."
+    )
     no_worker: bool | None = Field(
         default=None,
         description="A task waiting for a worker: true when no worker running its name was "
@@ -284,8 +305,8 @@ class RunRecord(BaseModel):
     priority: int = Field(default=0, description="Its place among due runs: -100 to 100.")
     waiting_for: WaitingFor | None = Field(
         default=None,
-        description="Why a queued run has not started: its flow's concurrency, throttle or "
-        "debounce holds it back (null otherwise).",
+        description="Why the run is not executing a step right now (null when it is, or has "
+        "ended). A run read alone says every reason; a list says flow control's only.",
     )
     trace_id: str | None = Field(
         default=None,
@@ -350,7 +371,11 @@ def _step(step: RunStep) -> dict[str, Any]:
 def _waiting_for(run: Run) -> dict[str, Any] | None:
     why = run.waiting_for
     if why is not None:
-        why["until"] = ts(why.get("until"))
+        for name in ("until", "since"):
+            if isinstance(why.get(name), datetime):
+                why[name] = ts(why[name])
+        if "until" not in why:
+            why["until"] = None
     return why
 
 

@@ -28,7 +28,7 @@ from flowhook.cli_remote.params import (
     RunArg,
     TimeoutOpt,
 )
-from flowhook.cli_watch import follow, print_step, wait_quietly, watch
+from flowhook.cli_watch import follow, print_step, wait_quietly, waiting_line, watch
 from flowhook.client import Client, Run, RunAccepted
 
 __all__ = ["runs"]
@@ -194,6 +194,9 @@ def runs_show(run_id: RunArg, as_json: JsonOpt = False) -> None:
     console.print(f"{run.run_id} [bold]{run.status}[/bold] flow {flow}")
     for step in run.steps:
         print_step(console, step)
+    waiting = waiting_line(run.raw.get("waiting_for"))
+    if waiting:
+        console.print(f"[yellow]{waiting}[/yellow]")
     if run.error:
         console.print(f"[red]error:[/red] {run.error}")
     if run.output is not None:

@@ -25,6 +25,7 @@ from flowhook.errors import Conflict, Duplicate, IdempotencyConflict, InvalidInp
 from flowhook.events import cancelled_event, run_duration_ms
 from flowhook.group_commit import GroupCommit
 from flowhook.ids import is_id, new_id
+from flowhook.service import waiting
 from flowhook.service.active import ActiveRuns
 from flowhook.service.auth import Principal
 from flowhook.service.idempotency import (
@@ -496,17 +497,27 @@ class RunService:
         return run
 
     async def _why_waiting(self, conn: Connection, run: Run) -> None:
-        """A running run asleep in a ``task`` step: who holds the task, or that no worker
-        runs it (``waiting_for``)."""
-        if run.status is not RunStatus.RUNNING:
+        """Why an active run is not executing a step (``waiting_for``): a queued one's worker
+        or flow control (with the runs holding the slots), a sleeping one's step (who holds
+        its task, or that no worker runs it)."""
+        if run.status is RunStatus.QUEUED:
+            why = waiting.why_queued(run)
+            if why is not None and why["reason"] == "concurrency":
+                key = why.get("key") or ""
+                why["held_by"] = await store_control.slot_holders(conn, run.flow_id, key)
+            run.waiting = why
             return
-        for step in run.steps:
-            if step.type == "task" and step.status is StepStatus.WAITING and step.parent is None:
-                since = self._clock.now() - WORKERS_SEEN
-                run.waiting = await tasks_store.why_waiting(
-                    conn, run.workspace_id, run.mode, run.run_id, step.idx, since
-                )
-                return
+        step = waiting.sleeping_step(run)
+        if step is None:
+            return
+        if step.type == "task" and step.status is StepStatus.WAITING:
+            since = self._clock.now() - WORKERS_SEEN
+            why = await tasks_store.why_waiting(
+                conn, run.workspace_id, run.mode, run.run_id, step.idx, since
+            )
+            run.waiting = None if why is None else {**why, "step_id": step.step_id}
+            return
+        run.waiting = waiting.why_sleeping(run, step)
 
     async def wait_for(self, who: Principal, run_id: str, seconds: float) -> Run:
         """Long-poll: the run as soon as it is terminal, or as it is after ``seconds``.

@@ -54,6 +54,7 @@ __all__ = [
     "lock",
     "lock_key",
     "slots_taken",
+    "slot_holders",
     "hold",
     "give_slots",
     "free_slot",
@@ -111,6 +112,22 @@ async def slots_taken(conn: AsyncConnection, flow_id: str, key: str) -> tuple[in
     )
     row = (await conn.execute(select(taken, waiting))).one()
     return int(row[0]), bool(row[1])
+
+
+async def slot_holders(conn: AsyncConnection, flow_id: str, key: str, limit: int = 20) -> list[str]:
+    """The runs of the flow holding a slot of ``key`` (at most ``limit``, oldest first):
+    what a held run waits on."""
+    q = (
+        select(runs.c.run_id)
+        .where(
+            runs.c.flow_id == flow_id,
+            runs.c.concurrency_slot == key,
+            text("runs.concurrency_slot IS NOT NULL"),
+        )
+        .order_by(runs.c.run_id)
+        .limit(limit)
+    )
+    return [str(r) for r in (await conn.execute(q)).scalars()]
 
 
 async def hold(

@@ -331,9 +331,10 @@ class Run:
 
     @property
     def waiting_for(self) -> dict[str, Any] | None:
-        """Why a queued run has not started yet, when flow control holds it back; why a
-        running one sleeps, when a read looked (:attr:`waiting`)."""
-        if self.waiting is not None and self.status is RunStatus.RUNNING:
+        """Why a queued run has not started yet, when flow control holds it back; why it
+        waits, whatever the reason, when a read looked (:attr:`waiting`,
+        :mod:`flowhook.service.waiting`)."""
+        if self.waiting is not None and self.status.active:
             return dict(self.waiting)
         if self.held is None or self.status is not RunStatus.QUEUED:
             return None

@@ -176,7 +176,8 @@ def test_kill_9_of_a_worker_holding_slots_gives_them_back_when_its_leases_end(
             def first_two_running() -> bool | None:
                 states = [c.get(f"/api/v1/flows/runs/{r}").json() for r in ids]
                 going = [s for s in states if s["status"] == "running"]
-                held = [s for s in states if s["waiting_for"] is not None]
+                held = [s for s in states if s["status"] == "queued" and s["waiting_for"]
+                        and s["waiting_for"]["reason"] == "concurrency"]  # fmt: skip
                 return True if len(going) == 2 and len(held) == 2 else None
 
             wait_for(first_two_running, timeout=30)

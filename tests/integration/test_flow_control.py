@@ -43,6 +43,11 @@ def gated_flow(**control: Any) -> dict[str, Any]:
     }
 
 
+def held_back(run: dict[str, Any]) -> bool:
+    """Whether flow control holds the run back (a queued run not held waits for a worker)."""
+    return (run["waiting_for"] or {}).get("reason") in ("concurrency", "throttle", "debounce")
+
+
 async def execute_all(api: Api, flow_id: str, payloads: list[dict[str, Any]]) -> list[str]:
     ids: list[str] = []
     for i in range(0, len(payloads), 50):
@@ -97,16 +102,19 @@ async def test_a_held_run_says_why_and_a_busy_key_never_delays_another(api: Api)
     first = await api.execute(flow_id, {"k": "cus_42", "id": 1})
     await waiting(api, first, "gate")
     second = await api.execute(flow_id, {"k": "cus_42", "id": 2})
-    held = await until(api, second, lambda r: r["waiting_for"] is not None)
+    held = await until(api, second, held_back)
     assert held["status"] == "queued"
-    assert held["waiting_for"] == {"reason": "concurrency", "key": "cus_42", "until": None}
+    assert held["waiting_for"] == {
+        "reason": "concurrency", "key": "cus_42", "until": None, "held_by": [first]
+    }  # fmt: skip
     other = await api.execute(flow_id, {"k": "cus_7", "id": 3})  # another key goes at once
     await waiting(api, other, "gate")
     assert (await run_of(api, second))["status"] == "queued"
     await signal(api, "go", {"id": 1})  # the first ends: the second takes its slot
     assert (await api.wait(first))["status"] == "completed"
     started = await waiting(api, second, "gate")
-    assert started["waiting_for"] is None
+    assert started["waiting_for"]["reason"] == "signal"  # asleep in its own step now
+    assert started["waiting_for"]["step_id"] == "gate"
     await signal(api, "go", {"id": 2})
     await signal(api, "go", {"id": 3})
     assert (await api.wait(second))["status"] == "completed"
@@ -118,7 +126,7 @@ async def test_cancelling_the_run_holding_the_slot_lets_the_next_go(api: Api) ->
     first = await api.execute(flow_id, {"id": "a"})
     await waiting(api, first, "gate")
     second, third = await api.execute(flow_id, {"id": "b"}), await api.execute(flow_id, {"id": "c"})
-    held = await until(api, third, lambda r: r["waiting_for"] is not None)
+    held = await until(api, third, held_back)
     assert held["waiting_for"]["key"] is None  # one cap for the whole flow
     r = await api.post(f"/api/v1/flows/runs/{third}/cancel")  # a held run cancels at once
     assert r.status_code in (200, 202), r.text
@@ -138,7 +146,7 @@ async def test_raising_the_limit_lets_held_runs_go(api: Api) -> None:
     ids = [await api.execute(flow_id, {"id": f"r{i}", "tenant": "t1"}) for i in range(3)]
     await waiting(api, ids[0], "gate")
     for run_id in ids[1:]:
-        await until(api, run_id, lambda r: r["waiting_for"] is not None)
+        await until(api, run_id, held_back)
     definition["concurrency"]["limit"] = 3
     r = await api.client.put(f"/api/v1/flows/{flow_id}", json=definition, headers=api.auth())
     assert r.status_code == 200, r.text
@@ -147,7 +155,7 @@ async def test_raising_the_limit_lets_held_runs_go(api: Api) -> None:
     await waiting(api, newer, "gate")
     # the newer run's admission saw room for one more: the oldest held run took it
     await waiting(api, ids[1], "gate")
-    assert (await run_of(api, ids[2]))["waiting_for"] is not None  # three are running
+    assert held_back(await run_of(api, ids[2]))  # three are running
     await signal(api, "go", {"id": "r0"})
     await waiting(api, ids[2], "gate")
     for i in range(1, 4):
@@ -215,7 +223,7 @@ async def test_throttle_spreads_starts_and_drops_none(clocked: Api, clock: FakeC
     runs = await settle(api, ids, completed=2, held=4)
     assert starts_of(runs) == [t0, t0]
     assert reserved(runs) == [t0 + 0.5, t0 + 0.5, t0 + 1.0, t0 + 1.0]
-    held = next(r for r in runs if r["waiting_for"])["waiting_for"]
+    held = next(r for r in runs if held_back(r))["waiting_for"]
     assert held["reason"] == "throttle" and held["key"] == "partner"
     # Another key was not held behind them: it started at once.
     other_run = await api.wait(other)

@@ -162,9 +162,10 @@ async def test_a_run_says_what_its_task_waits_for(api: Api) -> None:
     flow_id = await api.create_flow(task_flow())
     run_id = await api.execute(flow_id, {"amount": 1})
     async with asyncio.timeout(10):
-        while (why := (await run_of(api, run_id))["waiting_for"]) is None:
+        while ((why := (await run_of(api, run_id))["waiting_for"]) or {}).get("reason") != "task":
             await asyncio.sleep(0.02)
     assert why["reason"] == "task" and why["task"] == "payments.charge"
+    assert why["step_id"] == "charge"
     assert why["no_worker"] is True and why["worker_id"] is None
     [task] = await claim(api)
     why = (await run_of(api, run_id))["waiting_for"]
@@ -172,7 +173,7 @@ async def test_a_run_says_what_its_task_waits_for(api: Api) -> None:
     other = await api.create_flow({**task_flow(), "name": "another"})
     second = await api.execute(other, {"amount": 2})
     async with asyncio.timeout(10):
-        while (why := (await run_of(api, second))["waiting_for"]) is None:
+        while ((why := (await run_of(api, second))["waiting_for"]) or {}).get("reason") != "task":
             await asyncio.sleep(0.02)
     assert why["no_worker"] is False  # w1 runs payments.charge: it is busy, not missing
 
