@@ -65,17 +65,44 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen[str], port: int, output: list[str]) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[str],
+        port: int,
+        output: list[str],
+        more: Callable[[], None] | None = None,
+    ) -> None:
         self.proc = proc
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.output = output
+        self._more = more
+        """Takes in what the process printed since (its output is read by a thread)."""
 
-    def value(self, label: str) -> str:
-        for line in self.output:
-            if line.strip().startswith(label):
-                return line.split(":", 1)[1].split()[0]
-        raise AssertionError(f"{label!r} not printed:\n" + "".join(self.output))
+    def printed(self, fragment: str, timeout: float = 30.0) -> str:
+        """The first line printed holding ``fragment``, once it is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.output:
+                if fragment in line:
+                    return line
+            if self._more is None or time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{fragment!r} not printed:\n" + "".join(self.output))
+            time.sleep(0.02)
+            self._more()
+
+    def value(self, label: str, timeout: float = 30.0) -> str:
+        """The value printed after ``label``: waits for the line (the first start's keys
+        are printed as the server starts answering, not before)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.output:
+                if line.strip().startswith(label):
+                    return line.split(":", 1)[1].split()[0]
+            if self._more is None or time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{label!r} not printed:\n" + "".join(self.output))
+            time.sleep(0.02)
+            self._more()
 
 
 LISTENING = re.compile(r"^listening on http://[^\s]+:(\d+)$")
@@ -151,9 +178,8 @@ def serve(
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        time.sleep(0.1)
         drain()
-        yield Server(proc, port, output)
+        yield Server(proc, port, output, drain)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -327,6 +327,8 @@ class FlowRecord(BaseModel):
     definition: dict[str, Any]
     created_at: str
     updated_at: str
+    paused: bool = Field(default=False, description="Paused: its queued runs wait for its resume.")
+    paused_at: str | None = None
 
 
 class FlowList(BaseModel):
@@ -415,4 +417,6 @@ def flow_record(flow: Flow) -> dict[str, Any]:
         "definition": flow.definition,
         "created_at": isoformat(flow.created_at),
         "updated_at": isoformat(flow.updated_at),
+        "paused": flow.paused_at is not None,
+        "paused_at": ts(flow.paused_at),
     }

@@ -194,6 +194,8 @@ _FLOW_ACTIONS = [
     ("put", "/flows/{flow_id}"),
     ("delete", "/flows/{flow_id}"),
     ("get", "/flows/{flow_id}/versions"),
+    ("post", "/flows/{flow_id}/pause"),
+    ("post", "/flows/{flow_id}/resume"),
 ]
 _ENDPOINT_ACTIONS = [
     ("get", "/webhooks/endpoints/{endpoint_id}"),

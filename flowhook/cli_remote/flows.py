@@ -136,3 +136,30 @@ def flows_delete(flow: FlowArg) -> None:
         flow_id = resolve_flow(c, flow)
         c.delete_flow(flow_id)
     console.print(f"{flow_id} deleted (archived: its runs are kept)")
+
+
+@flows.command("pause")
+def flows_pause(flow: FlowArg) -> None:
+    """Pause a flow: it still accepts executes and its schedules fire, but its queued runs
+    wait (waiting_for: paused) until `flowhook flows resume`; started runs go on."""
+    with client() as c:
+        flow_id = resolve_flow(c, flow)
+        c.pause_flow(flow_id)
+    console.print(f"{flow_id} paused: its queued runs wait until `flowhook flows resume {flow}`")
+
+
+@flows.command("resume")
+def flows_resume(
+    flow: FlowArg,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate", help="Start the held runs at most this many a second (default 1000)."
+        ),
+    ] = None,
+) -> None:
+    """Resume a paused flow: the runs it held start oldest first."""
+    with client() as c:
+        flow_id = resolve_flow(c, flow)
+        c.resume_flow(flow_id, rate)
+    console.print(f"{flow_id} resumed")

@@ -142,6 +142,15 @@ def delete_flow(flow_id: str) -> Call:
     return Call("DELETE", f"/flows/{flow_id}")
 
 
+def pause_flow(flow_id: str) -> Call:
+    return Call("POST", f"/flows/{flow_id}/pause")
+
+
+def resume_flow(flow_id: str, rate_per_second: float | None = None) -> Call:
+    body = {} if rate_per_second is None else {"rate_per_second": rate_per_second}
+    return Call("POST", f"/flows/{flow_id}/resume", json=body)
+
+
 def get_endpoint(endpoint_id: str) -> Call:
     return Call("GET", f"/webhooks/endpoints/{endpoint_id}")
 

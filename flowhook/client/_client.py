@@ -259,6 +259,14 @@ class Client:
         """Archive a flow: executing it answers 404 afterwards; its runs are kept."""
         self._send(calls.delete_flow(flow_id))
 
+    def pause_flow(self, flow_id: str) -> dict[str, Any]:
+        """Pause a flow: it still accepts executes; its queued runs wait for its resume."""
+        return dict(self._send(calls.pause_flow(flow_id)))
+
+    def resume_flow(self, flow_id: str, rate_per_second: float | None = None) -> dict[str, Any]:
+        """Resume a flow: the runs it held start oldest first, at most ``rate_per_second``."""
+        return dict(self._send(calls.resume_flow(flow_id, rate_per_second)))
+
     def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
         return dict(self._send(calls.get_endpoint(endpoint_id)))
 

@@ -55,9 +55,10 @@ from flowhook.engine.steps import Outcome, Step, StepEnv
 from flowhook.engine.steps.base import Action
 from flowhook.engine.steps.base import error as failure
 from flowhook.engine.writer import RunWriter
+from flowhook.store import control as control_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Database
-from flowhook.store.models import Run, RunStatus, RunStep, StepStatus
+from flowhook.store.models import Held, Run, RunStatus, RunStep, StepStatus
 
 __all__ = ["Executor", "CompiledFlow", "DEFAULT_RUN_TIMEOUT", "DEFAULT_MAX_OUTPUT_BYTES"]
 
@@ -88,6 +89,7 @@ class Executor:
         public_url: str = "http://127.0.0.1:8080",
     ) -> None:
         self._db = db
+        self._owner = owner
         self._clock = clock
         self._http = http
         self._allow_private = allow_private_targets
@@ -105,10 +107,13 @@ class Executor:
         self.cancelling: set[str] = set()
         """Runs whose task the worker cancelled because a cancel was requested."""
 
-    async def execute(self, run: Run) -> RunStatus | None:
+    async def execute(self, run: Run, *, paused: bool = False) -> RunStatus | None:
         """Run ``run`` until it ends or sleeps; the status it is left in, or ``None`` when its
-        lease was lost to another worker."""
+        lease was lost to another worker. ``paused``: its flow is paused, so a run that has
+        not started is handed back held until the flow's resume."""
         try:
+            if paused and run.status is RunStatus.QUEUED:
+                return await self._hold_paused(run)
             return await self._execute(run)
         except runs_store.LeaseLost:
             return await self._after_guard_failed(run)
@@ -165,6 +170,16 @@ class Executor:
         await see_branches(self._db, run, earlier, ctx)
         deadline = run.started_at + timedelta(seconds=compiled.timeout)
         return RunCursor(self.writer, run, compiled, earlier, ctx, deadline, run.next_step, pending)
+
+    async def _hold_paused(self, run: Run) -> RunStatus:
+        """Hand a queued run of a paused flow back, held until the flow's resume."""
+        async with self._db.transaction() as conn:
+            held = await control_store.hold(
+                conn, run.run_id, owner=self._owner, reason=Held.PAUSED.value
+            )
+        if not held:
+            raise runs_store.LeaseLost(run.run_id)
+        return RunStatus.QUEUED
 
     async def _resume_part(self, run: Run, compiled: CompiledFlow | None) -> RunCursor | RunStatus:
         """A part (a branch of a ``parallel``, an item of a ``map``) ready for its next step:

@@ -28,6 +28,7 @@ from flowhook.engine.executor import DEFAULT_MAX_OUTPUT_BYTES, Executor
 from flowhook.errors import StoreUnavailable, WriteConflict
 from flowhook.group_commit import GroupCommit
 from flowhook.plugins import load_plugins
+from flowhook.store import flows as flows_store
 from flowhook.store import runs as runs_store
 from flowhook.store.db import Connection as AsyncConnection
 from flowhook.store.db import Database
@@ -209,19 +210,26 @@ class Worker(Consumer):
                 limit=limit,
                 turns=self._turns,
             )
+            # runs of a paused flow that have not started are handed back held: read after
+            # the claim, so a pause committed before it is seen (a run claimed before the
+            # pause starts: it was in a worker's hands)
+            fresh = {r.flow_id for r in claimed if r.status is RunStatus.QUEUED}
+            paused = await flows_store.paused_at(conn, sorted(fresh)) if fresh else {}
         for run in claimed:
-            self._inflight[run.run_id] = asyncio.create_task(self._execute(run))
+            self._inflight[run.run_id] = asyncio.create_task(
+                self._execute(run, paused=run.flow_id in paused)
+            )
         return len(claimed)
 
     async def _next_due(self, conn: AsyncConnection) -> datetime | None:
         return await runs_store.next_due(conn)
 
-    async def _execute(self, run: Run) -> None:
+    async def _execute(self, run: Run, *, paused: bool = False) -> None:
         logs.run_id.set(run.run_id)
         logs.flow_id.set(run.flow_id)
         left: RunStatus | None = None
         try:
-            left = await self.executor.execute(run)
+            left = await self.executor.execute(run, paused=paused)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

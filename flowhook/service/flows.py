@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from flowhook.clock import Clock
 from flowhook.definition import validate_definition
-from flowhook.errors import Conflict, Duplicate, NotFound
-from flowhook.ids import new_id
+from flowhook.errors import Conflict, Duplicate, InvalidInput, NotFound
+from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
 from flowhook.store import flows as flows_store
-from flowhook.store.db import Database
+from flowhook.store import pausing
+from flowhook.store.db import Connection, Database
 from flowhook.store.models import Flow
+
+RESUME_RATE = 1000.0
+"""Held runs a resume lets go a second, unless it says another pace: thousands of them take
+their turn beside other flows' runs, not ahead of them."""
+
+
+def _check_flow_id(flow_id: str) -> None:
+    if not is_id(flow_id, "wf"):
+        raise missing("flow", flow_id)
+
 
 __all__ = ["FlowService"]
 
@@ -93,6 +105,9 @@ class FlowService:
             flow = await flows_store.get_flow(
                 conn, who.workspace_id, who.mode, flow_id, version=version
             )
+            if flow is not None:
+                paused = await flows_store.paused_at(conn, [flow_id])
+                flow = dataclasses.replace(flow, paused_at=paused.get(flow_id))
         if flow is None:
             if version is not None:
                 raise NotFound(f"no version {version} of flow {flow_id!r}")
@@ -110,12 +125,44 @@ class FlowService:
     async def list(
         self, who: Principal, *, limit: int, cursor: str | None, slug: str | None = None
     ) -> Page[Flow]:
+        async def fetch(conn: Connection, after: str | None, n: int) -> list[Flow]:
+            found = await flows_store.list_flows(
+                conn, who.workspace_id, who.mode, limit=n, after=after, slug=slug
+            )
+            paused = await flows_store.paused_at(conn, [f.flow_id for f in found])
+            return [dataclasses.replace(f, paused_at=paused.get(f.flow_id)) for f in found]
+
         return await listed(
             self._db, "wf", limit=limit, cursor=cursor, cursor_of=lambda row: row.flow_id,
-            fetch=lambda conn, after, n: flows_store.list_flows(
-                conn, who.workspace_id, who.mode, limit=n, after=after, slug=slug
-            ),
+            fetch=fetch,
         )  # fmt: skip
+
+    async def pause(self, who: Principal, flow_id: str) -> Flow:
+        """Pause the flow: it still accepts executes, and its queued runs (those accepted
+        after too: an engine worker hands them back held, seeing the pause within a second)
+        wait until :meth:`resume`; runs a worker has started go on."""
+        _check_flow_id(flow_id)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if not await pausing.mark(conn, who.workspace_id, who.mode, flow_id, now):
+                raise missing("flow", flow_id)
+            await pausing.hold_queued(conn, flow_id)
+        return await self.get(who, flow_id)
+
+    async def resume(self, who: Principal, flow_id: str, rate: float | None = None) -> Flow:
+        """Resume the flow: its held runs go oldest first, ``rate`` a second (default
+        :data:`RESUME_RATE`)."""
+        _check_flow_id(flow_id)
+        pace = RESUME_RATE if rate is None else rate
+        if not 0 < pace <= 100_000:
+            raise InvalidInput("rate_per_second must be above 0, at most 100000",
+                               field="rate_per_second")  # fmt: skip
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if not await pausing.mark(conn, who.workspace_id, who.mode, flow_id, None):
+                raise missing("flow", flow_id)
+            await pausing.release(conn, flow_id, now, pace)
+        return await self.get(who, flow_id)
 
     async def archive(self, who: Principal, flow_id: str) -> None:
         async with self._db.transaction() as conn:

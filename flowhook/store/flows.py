@@ -220,3 +220,14 @@ async def current_version(conn: AsyncConnection, flow_id: str) -> int | None:
     """The flow's latest version, whoever owns it (for the engine's flow control)."""
     q = select(flows.c.version).where(flows.c.flow_id == flow_id)
     return (await conn.execute(q)).scalar_one_or_none()
+
+
+async def paused_at(conn: AsyncConnection, flow_ids: list[str]) -> dict[str, datetime]:
+    """When each of the paused flows among ``flow_ids`` was paused (not read with the flow:
+    the accept path's read stays as it was)."""
+    if not flow_ids:
+        return {}
+    q = select(flows.c.flow_id, flows.c.paused_at).where(
+        flows.c.flow_id.in_(flow_ids), flows.c.paused_at.is_not(None)
+    )
+    return {r.flow_id: r.paused_at for r in (await conn.execute(q)).all()}

@@ -124,6 +124,8 @@ class Held(enum.StrEnum):
     CONCURRENCY = "concurrency"
     THROTTLE = "throttle"
     DEBOUNCE = "debounce"
+    PAUSED = "paused"
+    """Its flow is paused: it waits for the flow's resume (``flows.paused_at``)."""
 
 
 def sources(table: Mapping[Any, AbstractSet[Any]], *path: Any) -> tuple[Any, ...]:
@@ -194,6 +196,8 @@ class Flow:
     created_at: datetime
     updated_at: datetime
     archived_at: datetime | None
+    paused_at: datetime | None = None
+    """Set while the flow is paused: its queued runs wait (held ``paused``) for its resume."""
 
 
 @dataclass(slots=True)
@@ -339,6 +343,8 @@ class Run:
         if self.held is None or self.status is not RunStatus.QUEUED:
             return None
         held = Held(self.held)
+        if held is Held.PAUSED:
+            return {"reason": self.held, "since": self.queued_at, "until": None}
         key = {
             Held.CONCURRENCY: self.concurrency_key,
             Held.THROTTLE: self.throttle_key,

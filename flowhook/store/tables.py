@@ -136,6 +136,8 @@ flows = Table(
     # the current version's ``slug`` (flows kept as code find their flow by it): one flow of a
     # workspace and mode holds a slug at a time; an archived flow gives its slug up
     Column("slug", String(64)),
+    # set while the flow is paused: its queued runs are held (``runs.held = 'paused'``)
+    _at("paused_at", required=False),
     Index(None, "workspace_id", "mode", "flow_id"),
     Index(
         "ix_flows_slug",

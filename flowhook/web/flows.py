@@ -85,3 +85,17 @@ async def flow_start(flow_id: str, p: Page = PageDep) -> Response:
     f = await p.services.flows.get(p.who, flow_id)
     versions = await p.services.flows.versions(p.who, flow_id)
     return p.render("flow.html", 400, f=f, versions=versions, error=error, payload=text)
+
+
+@router.post("/flows/{flow_id}/pause")
+async def flow_pause(flow_id: str, p: Page = PageDep) -> Response:
+    await p.form()  # its CSRF token checked
+    await p.services.flows.pause(p.who, flow_id)
+    return redirect(f"/flows/{flow_id}")
+
+
+@router.post("/flows/{flow_id}/resume")
+async def flow_resume(flow_id: str, p: Page = PageDep) -> Response:
+    await p.form()
+    await p.services.flows.resume(p.who, flow_id)
+    return redirect(f"/flows/{flow_id}")

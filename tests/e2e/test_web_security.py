@@ -133,3 +133,21 @@ def test_odd_input_on_pages_is_a_4xx_page(tmp_path: Path, database_url: str) -> 
 
         r = client.post(start, data={"csrf": csrf, "payload": '{"order_id": "o", "amount": 1}'})
         assert r.status_code == 303 and r.headers["location"].startswith("/runs/run_")
+
+
+def test_the_flow_page_pauses_and_resumes_the_flow(tmp_path: Path, database_url: str) -> None:
+    with serve(tmp_path, database_url, **QUIET) as server, signed_in(server) as (client, csrf):
+        flow_id = server.value("example flow")
+        assert "Pause</button>" in client.get(f"/flows/{flow_id}").text
+        r = client.post(f"/flows/{flow_id}/pause", data={"csrf": "wrong"})
+        assert r.status_code == 403, r.text  # a form without its token changes nothing
+        r = client.post(f"/flows/{flow_id}/pause", data={"csrf": csrf})
+        assert r.status_code == 303, r.text
+        page = client.get(f"/flows/{flow_id}").text
+        assert "<strong>Paused</strong>" in page and "Resume</button>" in page
+        key = server.value("sandbox key")
+        api = {"Authorization": f"Bearer {key}"}
+        assert client.get(f"/api/v1/flows/{flow_id}", headers=api).json()["paused"] is True
+        r = client.post(f"/flows/{flow_id}/resume", data={"csrf": csrf})
+        assert r.status_code == 303, r.text
+        assert client.get(f"/api/v1/flows/{flow_id}", headers=api).json()["paused"] is False

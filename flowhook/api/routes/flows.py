@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from flowhook.api.deps import CallerDep, ServicesDep
 from flowhook.api.models import (
+    JSON_NUMBER,
     FlowList,
     FlowRecord,
     PagingDep,
@@ -117,6 +118,41 @@ async def update_flow(
 async def archive_flow(flow_id: str, services: ServicesDep, who: CallerDep) -> Response:
     await services.flows.archive(who, flow_id)
     return Response(status_code=204)
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rate_per_second: Annotated[float, Field(gt=0, le=100_000), JSON_NUMBER] | None = Field(
+        default=None,
+        description="Let the held runs go at most this many a second, oldest first "
+        "(default 1000: they take their turn beside other flows' runs).",
+    )
+
+
+@router.post(
+    "/flows/{flow_id}/pause",
+    summary="Pause a flow",
+    description="The flow still accepts executes (202 `queued`) and its schedules still "
+    "fire, but its queued runs wait (`waiting_for.reason` `paused`) until it is resumed; "
+    "runs a worker has started go on.",
+    responses={200: {"model": FlowRecord}, **_ERRORS},
+)
+async def pause_flow(flow_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    return ORJSONResponse(flow_record(await services.flows.pause(who, flow_id)))
+
+
+@router.post(
+    "/flows/{flow_id}/resume",
+    summary="Resume a paused flow",
+    description="The runs it held start oldest first, paced by `rate_per_second`.",
+    responses={200: {"model": FlowRecord}, **_ERRORS},
+)
+async def resume_flow(
+    flow_id: str, services: ServicesDep, who: CallerDep, body: ResumeRequest | None = None
+) -> Response:
+    rate = None if body is None else body.rate_per_second
+    return ORJSONResponse(flow_record(await services.flows.resume(who, flow_id, rate)))
 
 
 @router.get(
