@@ -474,7 +474,7 @@ def prune(
 ) -> None:
     """Prune now what retention allows: finished runs older than the retention period, with
     their history; delivered events' bodies older than FLOWHOOK_DELIVERY_RETENTION_DAYS; then,
-    on SQLite, give the freed pages back to the file system."""
+    on SQLite, give the freed pages back; past FLOWHOOK_DISK_BUDGET_MB, the oldest finished runs."""
     from flowhook.clock import SystemClock
     from flowhook.gctune import tune_for_server
 
@@ -484,14 +484,17 @@ def prune(
     async def work(db: Database) -> Any:
         from flowhook.service.retention import RetentionService
 
+        s = settings
         return await RetentionService(
-            db, SystemClock(), settings.retention_days, settings.delivery_retention_days
+            db, SystemClock(), s.retention_days, s.delivery_retention_days, s.disk_budget_bytes
         ).prune_all(days)
 
     done = _with_db(settings, work)
     console.print(f"removed {done.runs} finished runs and {done.signals} signals")
     if done.pages_freed:
         console.print(f"gave back {done.pages_freed} free pages to the file system")
+    if done.over_budget:
+        console.print(f"removed the {done.over_budget} oldest finished runs past the disk budget")
 
 
 @app.command()

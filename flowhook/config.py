@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     """On SIGTERM: seconds for work in flight to finish before it is handed back."""
     retention_days: float = Field(default=30.0, gt=0)
     """Finished runs (with their steps, events and deliveries) older than this are pruned."""
+    disk_budget_mb: int | None = None
+    """Megabytes (MiB) the database may take; unset: no budget. Past it, retention deletes the
+    oldest finished runs ahead of their age until it is under 90 % of it, and gives the space
+    back (``service/disk.py``)."""
     delivery_retention_days: float = Field(default=7.0, gt=0)
     """Delivered events' bodies and their attempts' response excerpts are cleared after this
     (events a pending or failed delivery still needs keep theirs until the run goes)."""
@@ -187,6 +191,23 @@ class Settings(BaseSettings):
     def _duration(cls, value: str) -> str:
         parse_duration(value)
         return value
+
+    @field_validator("disk_budget_mb", mode="before")
+    @classmethod
+    def _budget(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # FLOWHOOK_DISK_BUDGET_MB= (empty): no budget, as unset
+        text = str(value).strip()
+        if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+            raise ValueError(
+                f"FLOWHOOK_DISK_BUDGET_MB must be a whole number of megabytes, 1 or more "
+                f"(such as 500); got {value!r}"
+            )
+        return int(text)
+
+    @property
+    def disk_budget_bytes(self) -> int | None:
+        return None if self.disk_budget_mb is None else self.disk_budget_mb * 1024 * 1024
 
     @property
     def retry_schedule(self) -> tuple[float, ...]:

@@ -99,11 +99,14 @@ class Runtime:
         while not self._stopping.is_set():
             try:
                 done = await self.services.retention.prune_all()
-                if done.runs or done.pages_freed:
+                if done.runs or done.pages_freed or done.over_budget:
                     log.info(
-                        "retention: removed %d finished runs and %d signals; gave back %d pages",
-                        done.runs, done.signals, done.pages_freed,
+                        "retention: removed %d finished runs (%d of them past the disk "
+                        "budget) and %d signals; gave back %d pages",
+                        done.runs + done.over_budget, done.over_budget, done.signals,
+                        done.pages_freed,
                     )  # fmt: skip
+                self.services.disk.forget()
             except Exception:
                 log.exception("retention: prune failed")
             with contextlib.suppress(TimeoutError):

@@ -6,6 +6,7 @@ from flowhook.clock import Clock
 from flowhook.config import Settings
 from flowhook.service.approvals import ApprovalService
 from flowhook.service.auth import KeyService, Principal
+from flowhook.service.disk import DiskService
 from flowhook.service.flows import FlowService
 from flowhook.service.hooks import HookService
 from flowhook.service.overview import OverviewService
@@ -49,6 +50,11 @@ class Services:
             max_per_workspace=settings.max_schedules,
         )
         self.retention = RetentionService(
-            db, clock, settings.retention_days, settings.delivery_retention_days
+            db,
+            clock,
+            settings.retention_days,
+            settings.delivery_retention_days,
+            budget_bytes=settings.disk_budget_bytes,
         )
-        self.overview = OverviewService(db, clock)
+        self.disk = DiskService(db, settings.disk_budget_bytes)
+        self.overview = OverviewService(db, clock, self.disk)

@@ -22,6 +22,7 @@ __all__ = [
     "DATABASE_SIZE",
     "DATABASE_FREE",
     "STREAMS_OPEN",
+    "DATABASE_BYTES",
 ]
 
 OLDEST_PENDING = Gauge(
@@ -51,6 +52,22 @@ DATABASE_FREE = Gauge(
     "SQLite: bytes of free pages in the file (freelist_count × page_size), which pruning "
     "gives back to the file system; not reported on PostgreSQL.",
 )
+DATABASE_BYTES = Gauge(
+    "flowhook_database_bytes",
+    "What the database takes against FLOWHOOK_DISK_BUDGET_MB: SQLite, the main file and its "
+    "WAL (less free pages it cannot give back); PostgreSQL, pg_database_size less the space "
+    "vacuum left free in the tables (estimated).",
+)
+_BUDGET: list[Gauge] = []
+"""``flowhook_disk_budget_bytes``, registered the first time a budget is set (none without)."""
+
+
+def _budget_gauge() -> Gauge:
+    if not _BUDGET:
+        _BUDGET.append(
+            Gauge("flowhook_disk_budget_bytes", "FLOWHOOK_DISK_BUDGET_MB, in bytes (when set).")
+        )
+    return _BUDGET[0]
 
 
 STREAMS_OPEN = Gauge(
@@ -72,6 +89,11 @@ async def refresh_gauges(services: Services, *, streams_open: int = 0) -> None:
     for reason, count in held.items():
         RUNS_HELD.labels(reason=reason).set(count)
     DATABASE_SIZE.set(size.size_bytes)
+    disk = await services.disk.status()
+    if disk.database_bytes is not None:
+        DATABASE_BYTES.set(disk.database_bytes)
+    if disk.budget_bytes is not None:
+        _budget_gauge().set(disk.budget_bytes)
     if size.free_bytes is not None:
         DATABASE_FREE.set(size.free_bytes)
     OLDEST_QUEUED.set(max(0.0, (now - oldest_run).total_seconds()) if oldest_run else 0.0)

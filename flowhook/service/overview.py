@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from flowhook.clock import Clock
 from flowhook.service.auth import Principal
+from flowhook.service.disk import DiskService, DiskStatus
 from flowhook.store import overview as store
 from flowhook.store import space
 from flowhook.store.db import Database
@@ -37,6 +38,8 @@ class Overview:
     backlog: Backlog
     storage: space.Storage | None = None
     """The database's size and free space (the whole database, every workspace's)."""
+    disk: DiskStatus | None = None
+    """What the database takes against ``FLOWHOOK_DISK_BUDGET_MB``."""
 
 
 def bucket_starts(now: datetime, width: timedelta, count: int) -> list[datetime]:
@@ -49,9 +52,10 @@ def bucket_starts(now: datetime, width: timedelta, count: int) -> list[datetime]
 
 
 class OverviewService:
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, disk: DiskService | None = None) -> None:
         self._db = db
         self._clock = clock
+        self._disk = disk
 
     async def get(self, who: Principal) -> Overview:
         """Everything on the page as of now, read on two connections at once: the day's
@@ -88,4 +92,5 @@ class OverviewService:
             return Overview(now, hour, [], durations, more, endpoints, backlog, storage)
 
         day, rest = await asyncio.gather(by_hour(), the_rest())
-        return replace(rest, last_day=day)
+        use = await self._disk.status() if self._disk is not None else None
+        return replace(rest, last_day=day, disk=use)

@@ -7,7 +7,12 @@
   still needs (none pending or failed) become ``null``, and their succeeded deliveries'
   attempts lose their response excerpts;
 - on SQLite (incremental auto-vacuum) the pages this freed are given back to the file
-  system, a few at a time.
+  system, a few at a time;
+- past ``FLOWHOOK_DISK_BUDGET_MB``, the oldest finished runs go ahead of their age, as many
+  as it takes to get under 90 % of it (:meth:`RetentionService.keep_to_budget`), and the
+  space is given back: on SQLite the free pages and a truncating WAL checkpoint, on
+  PostgreSQL a ``VACUUM (ANALYZE)`` of the tables deleted from (their files keep their size;
+  new rows reuse the space).
 
 On SQLite the WAL is checkpointed by SQLite itself, inside the commit that takes it past
 1,000 pages. A passive checkpoint on a thread after each batch was tried (2026-11-25) and
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from flowhook.clock import Clock
+from flowhook.service import disk
 from flowhook.store import retention as store
 from flowhook.store import space
 from flowhook.store.db import Database
@@ -43,6 +49,8 @@ __all__ = [
     "VACUUM_STEP",
     "TARGET",
     "next_size",
+    "ROUNDS",
+    "PRUNED_TABLES",
 ]
 
 log = logging.getLogger("flowhook.retention")
@@ -67,6 +75,16 @@ within the API's bound for a wait behind one (bench/README.md, "Figures moved fr
 docstrings")."""
 
 
+ROUNDS = 8
+"""Rounds of deleting, giving back and measuring again a disk budget pass takes at most."""
+
+PRUNED_TABLES = [
+    "delivery_attempts", "deliveries", "events", "run_steps", "inbound_dedup", "waits",
+    "approvals", "tasks", "runs",
+]  # fmt: skip
+"""The tables a run's deletion deletes from (``store.retention.prune_batch``)."""
+
+
 def next_size(size: int, held: float, least: int, most: int) -> int:
     """The next batch's size after one of ``size`` held the writer ``held`` seconds: what
     would take :data:`TARGET` at that pace, growing at most twofold a step, kept within
@@ -83,13 +101,21 @@ class Pruned:
     """Events looked at for clearing (their bodies cleared unless a delivery still needs them)."""
     pages_freed: int = 0
     """SQLite pages given back to the file system."""
+    over_budget: int = 0
+    """Finished runs deleted ahead of their age to keep under ``FLOWHOOK_DISK_BUDGET_MB``."""
 
 
 class RetentionService:
     def __init__(
-        self, db: Database, clock: Clock, days: float, delivery_days: float | None = None
+        self,
+        db: Database,
+        clock: Clock,
+        days: float,
+        delivery_days: float | None = None,
+        budget_bytes: int | None = None,
     ) -> None:
         self._db = db
+        self._budget = budget_bytes
         self._clock = clock
         self._days = days
         self._delivery_days = days if delivery_days is None else min(delivery_days, days)
@@ -112,7 +138,74 @@ class RetentionService:
             lambda c, n: store.clear_delivered(c, cleared_before, before, n), CLEAR_BATCH
         )
         freed = await self.give_back()
-        return Pruned(runs, signals, cleared, freed)
+        over = await self.keep_to_budget()
+        return Pruned(runs, signals, cleared, freed, over)
+
+    async def keep_to_budget(self) -> int:
+        """Past the disk budget: delete the oldest finished runs (with all their rows, as
+        :meth:`prune_all` does) ahead of their age, give the space back and measure again,
+        until the database is under :data:`~flowhook.service.disk.MARGIN` of the budget, no
+        finished run is left or :data:`ROUNDS` rounds went; how many runs went. Runs still
+        going are never deleted. Says at warning what it deleted and why, and when it could
+        not get under the budget."""
+        budget = self._budget
+        if budget is None:
+            return 0
+        began = await self._usage()
+        if began.database_bytes <= budget:
+            return 0
+        now = await self._give_space_back(0)  # a WAL checkpoint may be all it takes
+        deleted, exhausted = 0, False
+        for _ in range(ROUNDS):
+            async with self._db.read() as conn:
+                count = await store.run_count(conn)
+            wanted = disk.to_delete(now.database_bytes, budget, count)
+            if wanted == 0:
+                exhausted = now.database_bytes > budget  # over, and no run in the database
+                break
+            done = await self._batches(store.prune_oldest, BATCH, limit=wanted)
+            deleted += done
+            now = await self._give_space_back(done)
+            if done < wanted:  # no finished run is left
+                exhausted = True
+                break
+        self._say(budget, began, now, deleted, exhausted)
+        return deleted
+
+    def _say(
+        self, budget: int, began: space.Usage, now: space.Usage, deleted: int, exhausted: bool
+    ) -> None:
+        head = (
+            f"disk budget {disk.megabytes(budget)}: database {disk.megabytes(began.database_bytes)}"
+        )
+        if deleted:
+            log.warning(
+                "%s; deleted the %s oldest finished runs (ahead of their retention age); "
+                "now %s", head, f"{deleted:,}", disk.megabytes(now.database_bytes),
+            )  # fmt: skip
+        if now.database_bytes > budget:
+            log.warning(
+                "%s; still over it at %s: %s",
+                head,
+                disk.megabytes(now.database_bytes),
+                "no finished run is left to delete (only runs still going)"
+                if exhausted
+                else f"after {ROUNDS} rounds of deleting (the next pass goes on)",
+            )
+
+    async def _usage(self) -> space.Usage:
+        async with self._db.read() as conn:
+            return await space.usage(conn)
+
+    async def _give_space_back(self, deleted: int) -> space.Usage:
+        """After deleting for the budget: SQLite's free pages and its WAL given back to the
+        file system; PostgreSQL's tables vacuumed (space reusable, files as they were). The
+        usage measured afterwards."""
+        if deleted:
+            await self.give_back()
+            await space.vacuum_tables(self._db, PRUNED_TABLES)
+        await space.checkpoint(self._db)
+        return await self._usage()
 
     async def give_back(self) -> int:
         """SQLite with incremental auto-vacuum: give every free page back to the file
@@ -149,20 +242,22 @@ class RetentionService:
             await asyncio.sleep(max(MIN_PAUSE, took))
         return freed
 
-    async def _batches(self, step: store.Step, most: int) -> int:
-        """``step`` over and over until one handles fewer rows than it was given; where
-        there is one writer (SQLite) each batch sized by :func:`next_size`, the first an
-        eighth of ``most`` (the rows of a run are not known before it is deleted)."""
+    async def _batches(self, step: store.Step, most: int, limit: int | None = None) -> int:
+        """``step`` over and over until one handles fewer rows than it was given (or
+        ``limit`` rows in all were handled); where there is one writer (SQLite) each batch
+        sized by :func:`next_size`, the first an eighth of ``most`` (the rows of a run are
+        not known before it is deleted)."""
         one_writer = self._db.driver.one_writer
         total, size = 0, max(1, most // 8) if one_writer else most
         while True:
             began = time.perf_counter()
+            given = size if limit is None else min(size, limit - total)
             async with self._db.transaction() as conn:
                 held = time.perf_counter()  # the writer is ours from here to the commit
-                done = await step(conn, size)
+                done = await step(conn, given)
             now = time.perf_counter()
             total += done
-            if done < size:
+            if done < given or (limit is not None and total >= limit):
                 return total
             if one_writer:  # elsewhere writers do not queue behind one another
                 size = next_size(size, now - held, 1, most)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from sqlalchemy import delete, or_, select, text, update
+from sqlalchemy import delete, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.ids import id_floor
@@ -35,6 +35,8 @@ from flowhook.store.tables import (
 
 __all__ = [
     "prune_batch",
+    "prune_oldest",
+    "run_count",
     "prune_signals",
     "clear_delivered",
     "CLEARED_BODY",
@@ -58,17 +60,32 @@ async def prune_batch(conn: AsyncConnection, before: datetime, limit: int) -> in
     """Delete up to ``limit`` runs that ended before ``before``, with their steps, events,
     deliveries and attempts, and the inbound hook dedup records that point at them; returns
     how many runs went."""
+    return await _prune_finished(conn, before, limit)
+
+
+async def prune_oldest(conn: AsyncConnection, limit: int) -> int:
+    """Delete up to ``limit`` of the oldest finished runs (by ``finished_at``), whatever their
+    age, with everything :func:`prune_batch` deletes with them (the disk budget: runs still
+    going are never touched); returns how many runs went."""
+    return await _prune_finished(conn, None, limit)
+
+
+_FINISHED = [str(RunStatus.COMPLETED), str(RunStatus.FAILED), str(RunStatus.CANCELLED)]
+
+
+async def run_count(conn: AsyncConnection) -> int:
+    """Runs in the table, finished or not (what the database's history is shared among)."""
+    return int(await conn.scalar(select(func.count()).select_from(runs)) or 0)
+
+
+async def _prune_finished(conn: AsyncConnection, before: datetime | None, limit: int) -> int:
     await _plan_for_pruning(conn)
+    ended = runs.c.finished_at.is_not(None) if before is None else runs.c.finished_at < before
     ids = list(
         (
             await conn.execute(
                 select(runs.c.run_id)
-                .where(
-                    runs.c.status.in_(
-                        [str(RunStatus.COMPLETED), str(RunStatus.FAILED), str(RunStatus.CANCELLED)]
-                    ),
-                    runs.c.finished_at < before,
-                )
+                .where(runs.c.status.in_(_FINISHED), ended)
                 .order_by(runs.c.finished_at)  # ix_runs_finished, oldest first
                 .limit(limit)
             )

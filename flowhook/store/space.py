@@ -14,6 +14,7 @@ PostgreSQL gives space back to its own free space map (autovacuum), not to the f
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ __all__ = [
     "auto_vacuum_mode",
     "convert_to_incremental",
     "INCREMENTAL",
+    "Usage",
+    "usage",
+    "checkpoint",
+    "vacuum_tables",
 ]
 
 INCREMENTAL = 2
@@ -146,3 +151,109 @@ async def convert_to_incremental(db: Database) -> tuple[bool, float]:
         sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         sqlite.execute("PRAGMA busy_timeout=0")
     return converted, time.perf_counter() - began
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the database takes, as the disk budget counts it (``service/disk.py``)."""
+
+    database_bytes: int
+    """The bytes that count against ``FLOWHOOK_DISK_BUDGET_MB``: on SQLite the main file and
+    its WAL, less the free pages in the file it cannot give back (a database made before
+    incremental auto-vacuum); on PostgreSQL ``pg_database_size`` less the space vacuum left
+    free in the tables for new rows (estimated: it stays in the files)."""
+    disk_bytes: int
+    """The files: SQLite's main file and WAL; PostgreSQL's ``pg_database_size``."""
+    wal_bytes: int = 0
+    """SQLite: the ``-wal`` file (0 elsewhere)."""
+    free_bytes: int = 0
+    """Space in the files that new rows reuse: SQLite's free pages, PostgreSQL's estimate."""
+
+
+# Free space in the tables of this schema, estimated from what (auto)vacuum and analyze
+# recorded: a heap's pages less its live rows (``reltuples`` at the average width of their
+# columns, ``pg_stats``, plus the tuple header and line pointer), its indexes in the same
+# proportion (deleting the oldest rows empties whole index pages, which are reused, not
+# returned), and a TOAST table's pages less its live chunks (at most 2,032 bytes each with
+# their header). A table never analyzed (``reltuples`` -1) counts as full.
+_PG_FREE = text(
+    """
+    WITH widths AS (
+        SELECT tablename, sum(avg_width) AS width FROM pg_stats
+        WHERE schemaname = current_schema() GROUP BY tablename
+    ), heaps AS (
+        SELECT c.oid, c.reltoastrelid,
+            c.relpages::float8 * current_setting('block_size')::float8 AS bytes,
+            CASE WHEN c.reltuples < 0 THEN NULL
+                ELSE c.reltuples::float8 * (28 + coalesce(w.width, 0)) END AS live
+        FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+        LEFT JOIN widths w ON w.tablename = c.relname
+        WHERE c.relkind = 'r'
+    )
+    SELECT coalesce(sum(
+        CASE WHEN h.live IS NULL OR h.bytes = 0 THEN 0 ELSE
+            greatest(0::float8, h.bytes - h.live) * (1 + pg_indexes_size(h.oid) / h.bytes) END
+        + CASE WHEN t.oid IS NULL OR t.reltuples < 0 THEN 0 ELSE greatest(0::float8,
+            t.relpages::float8 * current_setting('block_size')::float8
+            - t.reltuples::float8 * 2032) END
+    ), 0)
+    FROM heaps h LEFT JOIN pg_class t ON t.oid = h.reltoastrelid
+    """
+)
+
+
+async def usage(conn: AsyncConnection) -> Usage:
+    """The database's :class:`Usage` now (cheap: pragmas and a file's size on SQLite, the
+    catalogs on PostgreSQL)."""
+    if conn.dialect.name == "sqlite":
+        page_size = int(await conn.scalar(text("PRAGMA page_size")) or 0)
+        pages = int(await conn.scalar(text("PRAGMA page_count")) or 0)
+        free = int(await conn.scalar(text("PRAGMA freelist_count")) or 0) * page_size
+        mode = int(await conn.scalar(text("PRAGMA auto_vacuum")) or 0)
+        main = next(
+            (r[2] for r in (await conn.execute(text("PRAGMA database_list"))) if r[1] == "main"),
+            "",
+        )
+        wal = 0
+        if main:
+            try:
+                wal = os.stat(f"{main}-wal").st_size
+            except FileNotFoundError:
+                wal = 0
+        size = pages * page_size + wal
+        # free pages an incremental database gives back at the next prune are as good as gone
+        kept = 0 if mode == INCREMENTAL else free
+        return Usage(size - kept, size, wal, free)
+    size = int(await conn.scalar(text("SELECT pg_database_size(current_database())")) or 0)
+    reusable = min(size, int(await conn.scalar(_PG_FREE) or 0))
+    return Usage(size - reusable, size, 0, reusable)
+
+
+async def checkpoint(db: Database) -> tuple[int, int] | None:
+    """SQLite: checkpoint the WAL and truncate it to nothing (``wal_checkpoint(TRUNCATE)``),
+    without waiting: a reader still on an old snapshot makes it stop short (it tries again
+    next time). Returns ``(busy, pages left in the WAL)``; PostgreSQL: ``None``."""
+    if not db.is_sqlite:
+        return None
+    async with db.writer.connect() as conn:
+        raw = (await conn.get_raw_connection()).driver_connection.raw  # type: ignore[union-attr]
+        try:
+            busy, log, done = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError as exc:  # another process writing: next time
+            if not sqlite_inline.is_busy(exc):
+                raise
+            return 1, -1
+    return int(busy), max(0, int(log) - int(done))
+
+
+async def vacuum_tables(db: Database, names: list[str]) -> None:
+    """PostgreSQL: ``VACUUM (ANALYZE)`` of these tables, outside a transaction: the space of
+    deleted rows becomes free for new ones (the files keep their size) and the statistics
+    :func:`usage` estimates that space from are brought up to date. SQLite: nothing."""
+    if db.is_sqlite or not names:
+        return
+    async with db.writer.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        quoted = ", ".join(f'"{n}"' for n in names)
+        await driver.execute(f"VACUUM (ANALYZE) {quoted}")  # type: ignore[union-attr]

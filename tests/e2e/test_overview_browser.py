@@ -57,6 +57,7 @@ def app(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
         "FLOWHOOK_ALLOW_PRIVATE_TARGETS": "true",
         "FLOWHOOK_WEBHOOK_RETRY_SCHEDULE": "0.1,0.1",
         "FLOWHOOK_LOG_LEVEL": "warning",
+        "FLOWHOOK_DISK_BUDGET_MB": "500",
     }
     path = tmp_path / "overview.db"
     with serve(tmp_path, f"sqlite:///{path}", **env) as server:
@@ -234,6 +235,10 @@ def test_overview_draws_runs_durations_and_deliveries(
         storage,
     )
     assert "finished runs are kept 30 days, delivered events' bodies 7 days" in storage
+    # Its use of the disk budget, in words and as a bar (issue 54).
+    budget = " ".join(page.inner_text("#disk-budget").split())
+    assert re.fullmatch(r"Disk budget: [\d.]+ (KB|MB) of 500 MB \(\d+%\)", budget), budget
+    assert page.locator("#disk-budget svg.disk-bar rect.used").count() == 1
     shot(page, "overview-02-desktop")
 
     # On a phone: nothing wider than the screen, and the chart text keeps its size.

@@ -269,7 +269,10 @@ async def test_cancel_a_queued_run_and_refuse_to_cancel_a_finished_one(api: Api)
 
 
 async def test_health_and_readiness(api: Api) -> None:
-    assert (await api.client.get("/healthz")).json() == {"status": "ok"}
+    health = (await api.client.get("/healthz")).json()
+    # "disk" came with the disk budget (issue 54); what was there before stays as it was
+    assert health == {"status": "ok", "disk": health["disk"]}
+    assert set(health["disk"]) == {"database_bytes", "budget_bytes", "over_budget"}
     assert (await api.client.get("/readyz")).status_code == 200
 
 

@@ -14,7 +14,13 @@ async def test_unreachable_store_answers_503_json() -> None:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            assert (await client.get("/healthz")).status_code == 200
+            health = await client.get("/healthz")  # the process is up: 200, size unknown
+            assert health.status_code == 200
+            assert health.json()["disk"] == {
+                "database_bytes": None,
+                "budget_bytes": None,
+                "over_budget": False,
+            }
             r = await client.get("/readyz")
             assert r.status_code == 503
             assert r.json()["code"] == "store_unavailable"

@@ -15,9 +15,12 @@ from flowhook.service.metrics import refresh_gauges, scrape_allowed
 router = APIRouter(tags=["system"])
 
 
-@router.get("/healthz", summary="The process is up")
-async def healthz() -> Response:
-    return ORJSONResponse({"status": "ok"})
+@router.get("/healthz", summary="The process is up, and the database's use of its disk budget")
+async def healthz(services: ServicesDep) -> Response:
+    # "disk" is read at most every few seconds and never fails the answer: a store that does
+    # not answer leaves database_bytes and over_budget null (readiness is /readyz's)
+    disk = await services.disk.status()
+    return ORJSONResponse({"status": "ok", "disk": disk.as_json()})
 
 
 @router.get("/readyz", summary="The store is reachable (503 when it is not)")
