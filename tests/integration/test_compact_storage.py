@@ -397,9 +397,11 @@ async def _everything(db: Database) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-ADDED_LATER = {"run_trees", ("runs", "tree_run_id"), "tasks", "workers", ("flows", "slug")}
+ADDED_LATER = {
+    "run_trees", ("runs", "tree_run_id"), "tasks", "workers", ("flows", "slug"), "step_secrets"
+}  # fmt: skip
 """Tables and (table, column)s of revisions after 0024 (0025: run trees; 0027: tasks; 0028:
-flows' slugs)."""
+flows' slugs; 0029: step secrets)."""
 
 
 def _unordered(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
