@@ -35,10 +35,15 @@ class FlowService:
             validate_definition, definition, allow_private_targets=self._allow_private
         )
 
-    async def validate(self, definition: Any) -> dict[str, Any]:
-        """The definition as it would be saved; raises what saving it would (400)."""
+    async def validate(self, definition: Any, who: Principal | None = None) -> dict[str, Any]:
+        """The definition as it would be saved; raises what saving it would (400): with
+        ``who``, also for a secret its workspace and mode do not hold."""
         check_json(definition, "definition")
-        return await self._validated(definition)
+        checked = await self._validated(definition)
+        if who is not None:
+            async with self._db.read() as conn:
+                await self._check_secrets(conn, who, checked)
+        return checked
 
     @staticmethod
     async def _check_secrets(conn: Connection, who: Principal, definition: Any) -> None:

@@ -174,9 +174,13 @@ async def test_a_secret_is_refused_at_save_where_it_would_be_stored_or_is_unknow
     })  # fmt: skip
     assert output["field"] == "definition.output", output
 
-    # Another workspace's secret of that name is unknown here.
+    # Another workspace's secret of that name is unknown here; the dry run says so too.
     r = await api.post("/api/v1/flows", charge("http://127.0.0.1:9/x"), who="other")
     assert r.status_code == 400 and "STRIPE_KEY" in r.text
+    r = await api.post("/api/v1/flows/validate", charge("http://127.0.0.1:9/x"), who="other")
+    assert r.status_code == 400 and "STRIPE_KEY" in r.text
+    r = await api.post("/api/v1/flows/validate", charge("http://127.0.0.1:9/x"))
+    assert r.status_code == 200, r.text
 
 
 # -- an http step sends it; nothing keeps it ----------------------------------------------------
