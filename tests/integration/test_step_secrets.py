@@ -88,6 +88,18 @@ async def test_the_api_takes_values_and_gives_back_names_only(api: Api, db: Data
         assert r.json()["error"].startswith("name "), r.text
     r = await add(api, "EMPTY", "")
     assert r.status_code == 400 and "value" in r.text
+    # A refusal never echoes the value it was given.
+    for body in (
+        {"name": "bad name", "value": VALUE},
+        {"name": "LONG", "value": VALUE * 400},
+        {"name": "X", "value": VALUE, "extra": VALUE},
+        {"name": VALUE, "value": 1},
+    ):
+        r = await api.post("/api/v1/secrets", body)
+        assert r.status_code == 400, r.text
+        assert VALUE not in r.text, r.text
+    r = await api.client.put("/api/v1/secrets/NOPE", json={"value": VALUE}, headers=api.auth())
+    assert r.status_code == 404 and VALUE not in r.text
 
     listed = (await api.get("/api/v1/secrets")).json()["data"]
     assert [s["name"] for s in listed] == ["STRIPE_KEY"]
@@ -234,6 +246,10 @@ async def test_an_http_step_sends_the_value_and_every_surface_shows_its_name(
         (await api.get("/api/v1/flows/runs")).text,
         (await api.get("/api/v1/secrets")).text,
     ]
+    async with asyncio.timeout(10):  # the SSE stream: the events so far, then it ends
+        stream = await api.get(f"/api/v1/flows/runs/{run_id}/stream")
+    assert "flow.completed" in stream.text and SHOWN in stream.text
+    answers.append(stream.text)
     services: Services = api.app.state.services
     token, _ = await services.sessions.sign_in(api.keys["test"])
     api.client.cookies.set(COOKIE, token)
