@@ -26,7 +26,7 @@ import orjson
 from flowhook import tracing
 from flowhook.definition import ExpressionError, compile_value, evaluate, secret_names
 from flowhook.definition.requests import request_problem
-from flowhook.definition.secret_refs import SECRET_FIELDS
+from flowhook.definition.secret_refs import SECRET_FIELDS, SecretUse
 from flowhook.engine.redact import Redactor
 from flowhook.engine.steps.base import Action, Context, Outcome, StepBase, StepEnv, error
 from flowhook.outbound import classify
@@ -55,9 +55,12 @@ class HttpStep(StepBase, kind="http", pure=False, external=True):
         self._request = compile_value(spec["request"])
         self._accept = set(spec.get("accept_status", []))
         request = spec["request"]
-        self._secrets = frozenset(
-            name for part in SECRET_FIELDS for name in secret_names(request.get(part))
-        )
+        try:
+            self._secrets = frozenset(
+                name for part in SECRET_FIELDS for name in secret_names(request.get(part))
+            )
+        except SecretUse:  # saved before secrets were: ``secrets`` is undefined, as it was
+            self._secrets = frozenset()
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
         if not self._secrets:
@@ -76,8 +79,9 @@ class HttpStep(StepBase, kind="http", pure=False, external=True):
             outcome = await self._send({**ctx, "secrets": values}, env)
         except Exception as exc:  # noqa: BLE001 - its message may hold a value: redacted here
             outcome = error("internal", f"{type(exc).__name__}: {exc}")
-        if env.span is not None:
-            redactor.in_place(env.span)
+        finally:  # a timeout too: the executor ends the span with what it holds
+            if env.span is not None:
+                redactor.in_place(env.span)
         outcome.output = redactor.value(outcome.output)
         outcome.error = redactor.value(outcome.error)
         return outcome
