@@ -193,6 +193,12 @@ async def test_a_secret_is_refused_at_save_where_it_would_be_stored_or_is_unknow
     assert r.status_code == 400 and "STRIPE_KEY" in r.text
     r = await api.post("/api/v1/flows/validate", charge("http://127.0.0.1:9/x"))
     assert r.status_code == 200, r.text
+    # A new version of a flow is held to the same rule.
+    flow_id = await api.create_flow(charge("http://127.0.0.1:9/x"))
+    newer = charge("http://127.0.0.1:9/x")
+    newer["steps"][0]["request"]["headers"]["X-Other"] = "{{ secrets.OTHER }}"
+    r = await api.client.put(f"/api/v1/flows/{flow_id}", json=newer, headers=api.auth())
+    assert r.status_code == 400 and "secrets.OTHER" in r.text, r.text
 
 
 # -- an http step sends it; nothing keeps it ----------------------------------------------------
