@@ -635,8 +635,8 @@ def secrets_rotate(database_url: DatabaseOpt = None) -> None:
 
     sealed = _with_db(settings, work)
     console.print(
-        f"re-encrypted {sealed['endpoints']} endpoint secrets and {sealed['hooks']} hook "
-        "secrets under the newest key"
+        f"re-encrypted {sealed['endpoints']} endpoint secrets, {sealed['hooks']} hook secrets "
+        f"and {sealed['step_secrets']} step secrets under the newest key"
     )
 
 

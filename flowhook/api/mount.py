@@ -11,6 +11,7 @@ from flowhook.api.routes import (
     hooks,
     runs,
     schedules,
+    secrets,
     signals,
     streams,
     system,
@@ -27,5 +28,6 @@ def mount(app: FastAPI) -> None:
     """Add the API's routes, in routing order."""
     app.include_router(system.router)
     # streams before webhooks: /events/stream before /events/{event_id}
-    for part in (runs, streams, flows, webhooks, hooks, schedules, signals, approvals, tasks):
+    parts = (runs, streams, flows, webhooks, hooks, schedules, signals, approvals, tasks, secrets)
+    for part in parts:
         app.include_router(part.router, prefix=PREFIX)

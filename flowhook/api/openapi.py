@@ -225,6 +225,7 @@ _DELIVERY_ACTIONS = [
     ("post", "/webhooks/deliveries/{delivery_id}/replay"),
 ]
 _EVENT_ACTIONS = [("get", "/events/{event_id}")]
+_SECRET_ACTIONS = [("put", "/secrets/{name}"), ("delete", "/secrets/{name}")]
 _TASK_ACTIONS = [
     ("post", "/tasks/{task_id}/heartbeat"),
     ("post", "/tasks/{task_id}/complete"),
@@ -288,6 +289,8 @@ _LINKS: dict[tuple[str, str, str], list[_Link]] = {
     ("get", "/schedules", "200"): _to(
         _SCHEDULE_ACTIONS, "schedule_id", "$response.body#/data/0/id"
     ),
+    ("post", "/secrets", "201"): _to(_SECRET_ACTIONS, "name", "$response.body#/name"),
+    ("get", "/secrets", "200"): _to(_SECRET_ACTIONS, "name", "$response.body#/data/0/name"),
 }
 # A run's approval steps are decided by the step ids its record lists.
 for _action in ("approve", "reject"):

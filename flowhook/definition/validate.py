@@ -24,11 +24,13 @@ from flowhook.definition.expressions import (
 )
 from flowhook.definition.requests import request_problem
 from flowhook.definition.schema import FLOW_SCHEMA, RESERVED_OUTPUT_FIELDS
+from flowhook.definition.secret_refs import SECRET_FIELDS, SecretUse, secret_names
 from flowhook.errors import InvalidDefinition
 from flowhook.targets import TargetRefused, check_url
 
 __all__ = [
     "validate_definition",
+    "secrets_of",
     "ACTIONS",
     "MAX_DEFINITION_EXPRESSION_CHARS",
     "COMPILE_SECONDS",
@@ -222,9 +224,11 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
             _check_expressions(
                 definition["output"], "definition.output", "output", set(first), budget
             )
+            _refuse_secrets(definition["output"], "definition.output", "output")
     for field, value in _control_expressions(definition):
         with problems.noted():  # read when the run is accepted: the payload is all there is
             _check_expressions(value, f"definition.{field}", field, set(), budget)
+            _refuse_secrets(value, f"definition.{field}", field)
     problems.raise_any()
     return definition  # type: ignore[no-any-return]
 
@@ -305,9 +309,57 @@ def _check_step(
         if key in ("id", "type", "then", "else", "description", "branches", "steps"):
             continue
         _check_expressions(value, f"{placed.field}.{key}", label, ids, budget)
+        if step["type"] == "http" and key == "request" and isinstance(value, dict):
+            for part, inner in value.items():
+                if part not in SECRET_FIELDS:
+                    _refuse_secrets(inner, f"{placed.field}.request.{part}", label)
+                else:
+                    _secrets_read(inner, f"{placed.field}.request.{part}", label)
+        else:
+            _refuse_secrets(value, f"{placed.field}.{key}", label, step["type"])
     if step["type"] == "http":
         _check_request(step["request"], f"{placed.field}.request", label,
                        allow_private_targets=allow_private_targets)  # fmt: skip
+
+
+def _secrets_read(value: Any, field: str, label: str) -> set[str]:
+    """The secrets ``value`` reads by name; refused when it reads them otherwise."""
+    try:
+        return secret_names(value)
+    except SecretUse as exc:
+        raise InvalidDefinition(f"{label}: {field} — {exc}", field=field) from None
+
+
+_STORED = {
+    "task": "a task's input is stored and handed to a worker",
+    "transform": "a transform's output is stored",
+}
+
+
+def _refuse_secrets(value: Any, field: str, label: str, step_type: str | None = None) -> None:
+    """Refuse ``{{ secrets.… }}`` where it may not be read: all but an http step's request
+    url, headers and body, where the value would be stored or shown."""
+    names = _secrets_read(value, field, label)
+    if names:
+        why = _STORED.get(step_type or "", "the value would be stored or shown there")
+        raise InvalidDefinition(
+            f"{label}: {field} reads secrets.{sorted(names)[0]}, but only an http step's "
+            f"request url, headers and body may read secrets ({why})",
+            field=field,
+        )
+
+
+def secrets_of(definition: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The step secrets a valid definition's http steps read (what must exist to save it),
+    each with where it is first read: the field, and the step's label."""
+    found: dict[str, tuple[str, str]] = {}
+    for placed in _placed(definition["steps"]):
+        request = placed.step.get("request")
+        if placed.step.get("type") == "http" and isinstance(request, dict):
+            for part in SECRET_FIELDS:
+                for name in sorted(secret_names(request.get(part))):
+                    found.setdefault(name, (f"{placed.field}.request.{part}", placed.label))
+    return found
 
 
 def _check_output_names(output: Any) -> None:

@@ -57,6 +57,7 @@ from flowhook.engine.steps.base import error as failure
 from flowhook.engine.writer import RunWriter
 from flowhook.store import control as control_store
 from flowhook.store import runs as runs_store
+from flowhook.store import step_secrets
 from flowhook.store.db import Database
 from flowhook.store.models import Held, Run, RunStatus, RunStep, StepStatus
 
@@ -294,7 +295,7 @@ class Executor:
         env = StepEnv(
             self._clock, self._http, self._allow_private, run.root_run_id or run.run_id,
             run.flow_id, attempt.number, self._max_map_items, run.run_id, attempt.idx,
-            run.traceparent, {} if tracing.ENABLED else None,
+            run.traceparent, {} if tracing.ENABLED else None, self._secrets_of(run),
         )  # fmt: skip
         self.in_step.add(run.run_id)
         outcome: Outcome | None = None
@@ -319,6 +320,15 @@ class Executor:
         self.writer.open.pop(run.run_id, None)
         check_output(outcome, self.writer.max_output)
         return outcome
+
+    def _secrets_of(self, run: Run) -> Callable[[frozenset[str]], Awaitable[dict[str, str]]]:
+        """What reads the step secrets of the run's workspace and mode, when a step asks."""
+
+        async def read(names: frozenset[str]) -> dict[str, str]:
+            async with self._db.read() as conn:
+                return await step_secrets.values_of(conn, run.workspace_id, run.mode, names)
+
+        return read
 
     async def _settle(self, cur: RunCursor, attempt: Attempt, outcome: Outcome) -> RunStatus | None:
         """Record the attempt's outcome: the run sleeps (the step suspends it, a retry's

@@ -16,6 +16,7 @@ from flowhook.service.runs import RunService, Started
 from flowhook.service.schedules import ScheduleService
 from flowhook.service.sessions import SessionService
 from flowhook.service.signals import SignalService
+from flowhook.service.step_secrets import SecretService
 from flowhook.service.tasks import TaskService
 from flowhook.service.webhooks import WebhookService
 from flowhook.store.db import Database
@@ -40,6 +41,7 @@ class Services:
         self.webhooks = WebhookService(db, clock, settings)
         self.sessions = SessionService(db, clock, self.keys)
         self.hooks = HookService(db, clock)
+        self.secrets = SecretService(db, clock)
         self.signals = SignalService(db, clock)
         self.approvals = ApprovalService(db, clock)
         self.tasks = TaskService(db, clock, wakeup, max_output_bytes=settings.max_step_output_bytes)

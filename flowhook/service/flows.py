@@ -7,15 +7,15 @@ import dataclasses
 from typing import Any
 
 from flowhook.clock import Clock
-from flowhook.definition import validate_definition
-from flowhook.errors import Conflict, Duplicate, InvalidInput, NotFound
+from flowhook.definition import secrets_of, validate_definition
+from flowhook.errors import Conflict, Duplicate, InvalidDefinition, InvalidInput, NotFound
 from flowhook.ids import is_id, new_id
 from flowhook.service.auth import Principal
 from flowhook.service.jsonvalues import check_json
 from flowhook.service.lookup import missing
 from flowhook.service.pagination import Page, listed
 from flowhook.store import flows as flows_store
-from flowhook.store import pausing
+from flowhook.store import pausing, step_secrets
 from flowhook.store.db import Connection, Database
 from flowhook.store.models import Flow
 
@@ -46,15 +46,37 @@ class FlowService:
             validate_definition, definition, allow_private_targets=self._allow_private
         )
 
-    async def validate(self, definition: Any) -> dict[str, Any]:
-        """The definition as it would be saved; raises what saving it would (400)."""
+    async def validate(self, definition: Any, who: Principal | None = None) -> dict[str, Any]:
+        """The definition as it would be saved; raises what saving it would (400): with
+        ``who``, also for a secret its workspace and mode do not hold."""
         check_json(definition, "definition")
-        return await self._validated(definition)
+        checked = await self._validated(definition)
+        if who is not None:
+            async with self._db.read() as conn:
+                await self._check_secrets(conn, who, checked)
+        return checked
+
+    @staticmethod
+    async def _check_secrets(conn: Connection, who: Principal, definition: Any) -> None:
+        """Refuse a definition whose http steps read a secret the workspace and mode do
+        not hold (one deleted later fails the step that reads it, with error type secret)."""
+        wanted = secrets_of(definition)
+        held = await step_secrets.existing_names(conn, who.workspace_id, who.mode, wanted)
+        unknown = sorted(set(wanted) - held)
+        if unknown:
+            field, label = wanted[unknown[0]]
+            raise InvalidDefinition(
+                f"{label}: {field} reads secrets.{unknown[0]}, but this workspace has no "
+                f"secret {unknown[0]!r} in {who.mode} mode; create it first (POST "
+                "/api/v1/secrets)",
+                field=field,
+            )
 
     async def create(self, who: Principal, definition: Any) -> Flow:
         definition = await self.validate(definition)
         try:
             async with self._db.transaction() as conn:
+                await self._check_secrets(conn, who, definition)
                 return await flows_store.insert_flow(
                     conn,
                     flow_id=new_id("wf"),
@@ -74,6 +96,7 @@ class FlowService:
                 flow = await flows_store.get_flow(conn, who.workspace_id, who.mode, flow_id)
                 if flow is None:
                     raise missing("flow", flow_id)
+                await self._check_secrets(conn, who, definition)
                 updated = await flows_store.add_version(
                     conn, flow, name=definition["name"], definition=definition,
                     now=self._clock.now(),

@@ -1,4 +1,4 @@
-"""Sealing every stored secret: plaintext rows written before secrets were encrypted
+"""Sealing every stored secret (endpoints', hooks' and step secrets): plaintext rows written before secrets were encrypted
 (the 0006 migration, and each start for rows an older process wrote since), and rows under
 an older key (``flowhook secrets rotate``).
 
@@ -25,7 +25,8 @@ __all__ = ["Mode", "Resealed", "reseal", "reseal_batch", "reseal_in_batches", "K
 
 
 def _tables(id_type: sa.types.TypeEngine[str]) -> dict[str, sa.TableClause]:
-    """The two tables that hold secrets, by kind, with their ids of ``id_type``."""
+    """The tables that hold secrets, by kind, with their ids of ``id_type`` (a step secret's
+    id is random text whatever the schema)."""
     return {
         "endpoints": sa.table(
             "webhook_endpoints",
@@ -34,6 +35,9 @@ def _tables(id_type: sa.types.TypeEngine[str]) -> dict[str, sa.TableClause]:
             sa.column("previous_secret", sa.Text),
         ),
         "hooks": sa.table("inbound_hooks", sa.column("id", id_type), sa.column("verify", JSONType)),
+        "step_secrets": sa.table(
+            "step_secrets", sa.column("id", sa.String()), sa.column("value", sa.Text)
+        ),
     }
 
 
@@ -42,7 +46,11 @@ _TEXT = _tables(sa.String())
 """Ids as the store keeps them (migration 0023 on), and as text (what migration 0006, which
 calls :func:`reseal`, reads and writes)."""
 
-KINDS = ("endpoints", "hooks")
+KINDS = ("endpoints", "hooks", "step_secrets")
+_BEFORE_0023 = ("endpoints", "hooks")
+"""What a schema with ids as text has (step secrets came with 0029)."""
+
+_WHAT = {"endpoints": "webhook endpoint", "hooks": "hook", "step_secrets": "step secret"}
 
 
 @dataclass
@@ -109,11 +117,12 @@ def reseal_batch(
         try:
             if kind == "endpoints":
                 done.sealed[kind] += _endpoint(conn, box, table, row, mode)
-            else:
+            elif kind == "hooks":
                 done.sealed[kind] += _hook(conn, box, table, row, mode)
+            else:
+                done.sealed[kind] += _step_secret(conn, box, table, row, mode)
         except SecretKeyError:
-            done.unreadable.append(f"{'webhook endpoint' if kind == 'endpoints' else 'hook'} "
-                                   f"{row.id}")  # fmt: skip
+            done.unreadable.append(f"{_WHAT[kind]} {row.id}")
     return (rows[-1].id if len(rows) == limit else None), done
 
 
@@ -148,12 +157,24 @@ def _hook(conn: Connection, box: SecretBox, table: sa.TableClause, row: Any, mod
     return 1
 
 
+def _step_secret(
+    conn: Connection, box: SecretBox, table: sa.TableClause, row: Any, mode: Mode
+) -> int:
+    value = _next(box, row.value, mode)
+    if value is None:
+        return 0
+    changed = conn.execute(  # guarded: a PUT meanwhile wrote a value of its own
+        sa.update(table).where(table.c.id == row.id, table.c.value == row.value).values(value=value)
+    )
+    return changed.rowcount
+
+
 def reseal(
     conn: Connection, box: SecretBox, *, mode: Mode, batch: int = 500, packed_ids: bool = True
 ) -> Resealed:
     """Every secret, in one transaction (the migration and the check on start)."""
     total = Resealed()
-    for kind in KINDS:
+    for kind in KINDS if packed_ids else _BEFORE_0023:
         after: str | None = ""
         while after is not None:
             after, done = reseal_batch(

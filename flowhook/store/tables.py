@@ -54,6 +54,7 @@ __all__ = [
     "tasks",
     "workers",
     "retention_marks",
+    "step_secrets",
 ]
 
 metadata = MetaData(
@@ -639,4 +640,18 @@ retention_marks = Table(
     # next pass starts there instead of reading the history again.
     Column("name", String(40), primary_key=True),
     Column("value", String(64), nullable=False),
+)
+
+step_secrets = Table(
+    "step_secrets",
+    metadata,
+    # Values ``{{ secrets.NAME }}`` gives an http step, sealed by store/crypto.py. ``id`` is
+    # random (not shown anywhere): what `flowhook secrets rotate` pages through.
+    Column("id", String(32), primary_key=True),
+    *_scope(),
+    Column("name", String(64), nullable=False),
+    Column("value", Text, nullable=False),
+    _at("created_at"),
+    _at("updated_at"),
+    UniqueConstraint("workspace_id", "mode", "name"),
 )

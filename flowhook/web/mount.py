@@ -13,6 +13,7 @@ from flowhook.web import (
     overview,
     pages,
     runs,
+    secrets,
     signin,
     webhooks,
     workers,
@@ -24,7 +25,7 @@ __all__ = ["mount", "render_error"]
 
 def mount(app: FastAPI) -> None:
     """Add the pages' routes (after the API's) and what they need."""
-    for page in (approvals, signin, webhooks, deliveries, runs, flows, overview, workers):
+    for page in (approvals, signin, webhooks, secrets, deliveries, runs, flows, overview, workers):
         app.include_router(page.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     pages.install(app)

@@ -20,7 +20,7 @@ import schemathesis
 from schemathesis import GenerationMode
 
 from flowhook.cron import check_cron, check_timezone, shortest_gap
-from flowhook.definition import validate_definition
+from flowhook.definition import secrets_of, validate_definition
 from flowhook.errors import FlowhookError
 from flowhook.targets import TargetRefused, check_url
 
@@ -62,7 +62,7 @@ def _valid_definition(definition: Any) -> bool:
         validate_definition(definition)
     except FlowhookError:
         return False
-    return True
+    return not secrets_of(definition)  # a secret the workspace holds: none here
 
 
 def _steps_in(steps: list[Any]) -> list[dict[str, Any]]:

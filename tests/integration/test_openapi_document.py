@@ -136,6 +136,7 @@ def test_each_create_links_to_what_takes_its_id(document: dict[str, Any]) -> Non
         ("post", "/api/v1/webhooks/endpoints"): "201",
         ("post", "/api/v1/hooks"): "201",
         ("post", "/api/v1/schedules"): "201",
+        ("post", "/api/v1/secrets"): "201",
     }
     linked: set[str] = set()
     for (method, path), status in creates.items():

@@ -255,9 +255,9 @@ def test_rotate_moves_every_secret_to_the_newest_key_and_the_old_one_can_go(
 
     done = _flowhook(database_url, f"{new},{old}", "secrets", "rotate")
     assert done.exit_code == 0, done.output
-    assert "re-encrypted 2 endpoint secrets and 1 hook secrets" in done.output
+    assert "re-encrypted 2 endpoint secrets, 1 hook secrets" in done.output
     again = _flowhook(database_url, f"{new},{old}", "secrets", "rotate")
-    assert "re-encrypted 0 endpoint secrets and 0 hook secrets" in again.output
+    assert "re-encrypted 0 endpoint secrets, 0 hook secrets" in again.output
 
     # The old key dropped: the secrets are the same plaintext, sealed anew.
     got, stored = asyncio.run(_read(database_url, new))

@@ -80,7 +80,7 @@ async def list_flows(
 async def validate_flow(
     services: ServicesDep, who: CallerDep, definition: dict[str, Any] = _DEFINITION
 ) -> Response:
-    checked = await services.flows.validate(definition)
+    checked = await services.flows.validate(definition, who)
     return ORJSONResponse({"valid": True, "definition": checked})
 
 

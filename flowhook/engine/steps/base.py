@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -70,6 +71,9 @@ class StepEnv:
     """The run row's stored trace context (``None``: derived from ``row_id``)."""
     span: dict[str, Any] | None = None
     """Attributes a step adds to its span; a dict only while spans are exported."""
+    secrets: Callable[[frozenset[str]], Awaitable[dict[str, str]]] | None = None
+    """The values of those of the named step secrets the run's workspace and mode hold
+    (an http step reads them as it builds its request, and only then)."""
 
 
 Lists = dict[tuple[str, str | None], list["Step"]]

@@ -8,6 +8,12 @@ a restart and another for each map item and parallel branch, so a receiver can d
 duplicate and still act on every item; and ``traceparent`` with the run's trace id and the
 attempt's own span id (W3C Trace Context; a ``traceparent`` the step sets itself wins).
 Default timeout 30 s.
+
+``{{ secrets.NAME }}`` in the request's ``url``, ``headers`` and body reads a step secret of
+the run's workspace and mode, read as the request is built; one deleted since the flow was
+saved fails the step with error type ``secret``. Every value read is replaced by
+``[secret:NAME]`` in the attempt's output (an answer that echoes it included), error and
+span (:mod:`flowhook.engine.redact`).
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import aiohttp
 import orjson
 
 from flowhook import tracing
-from flowhook.definition import ExpressionError, compile_value, evaluate
+from flowhook.definition import ExpressionError, compile_value, evaluate, secret_names
 from flowhook.definition.requests import request_problem
+from flowhook.definition.secret_refs import SECRET_FIELDS, SecretUse
+from flowhook.engine.redact import Redactor
 from flowhook.engine.steps.base import Action, Context, Outcome, StepBase, StepEnv, error
 from flowhook.outbound import classify
 from flowhook.targets import TargetRefused, check_url
@@ -46,8 +54,39 @@ class HttpStep(StepBase, kind="http", pure=False, external=True):
         self.timeout = spec.get("timeout_seconds", DEFAULT_TIMEOUT)
         self._request = compile_value(spec["request"])
         self._accept = set(spec.get("accept_status", []))
+        request = spec["request"]
+        try:
+            self._secrets = frozenset(
+                name for part in SECRET_FIELDS for name in secret_names(request.get(part))
+            )
+        except SecretUse:  # saved before secrets were: ``secrets`` is undefined, as it was
+            self._secrets = frozenset()
 
     async def run(self, ctx: Context, env: StepEnv) -> Outcome:
+        if not self._secrets:
+            return await self._send(ctx, env)
+        assert env.secrets is not None, "the executor gives steps the secrets' reader"
+        values = await env.secrets(self._secrets)
+        gone = sorted(self._secrets - values.keys())
+        if gone:
+            return error(
+                "secret",
+                f"secret {gone[0]!r} does not exist in this workspace and mode (deleted since "
+                "the flow was saved?); create it again or change the flow",
+            )
+        redactor = Redactor(values)
+        try:
+            outcome = await self._send({**ctx, "secrets": values}, env)
+        except Exception as exc:  # noqa: BLE001 - its message may hold a value: redacted here
+            outcome = error("internal", f"{type(exc).__name__}: {exc}")
+        finally:  # a timeout too: the executor ends the span with what it holds
+            if env.span is not None:
+                redactor.in_place(env.span)
+        outcome.output = redactor.value(outcome.output)
+        outcome.error = redactor.value(outcome.error)
+        return outcome
+
+    async def _send(self, ctx: Context, env: StepEnv) -> Outcome:
         try:
             request = await evaluate(self._request, ctx)
         except ExpressionError as exc:

@@ -1,7 +1,7 @@
 """flows that are paused: their queued runs wait until the flow is resumed
 
-Revision ID: 0029
-Revises: 0028
+Revision ID: 0030
+Revises: 0029
 
 ``POST /api/v1/flows/{id}/pause`` sets ``flows.paused_at``; the flow still accepts executes,
 whose runs are held (``runs.held = 'paused'``) with the runs queued before the pause, until
@@ -15,8 +15,8 @@ from alembic import op
 
 from flowhook.store.types import UTCDateTime
 
-revision = "0029"
-down_revision = "0028"
+revision = "0030"
+down_revision = "0029"
 branch_labels = None
 depends_on = None
 
