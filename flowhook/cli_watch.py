@@ -331,10 +331,11 @@ def waiting_line(why: dict[str, Any] | None) -> str:
 
 
 def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:
-    """Print steps as they finish or start waiting, until the run ends or ``timeout`` s
-    pass: the run is read on each event of its stream and after ``QUIET`` s without one
+    """Print steps as they finish or start waiting, and why the run waits whenever that
+    changes (``waiting_for``), until the run ends or ``timeout`` s pass: the run is read on each event of its stream and after ``QUIET`` s without one
     (long-polled 2 s at a time from a server without streams, or once the stream gave up)."""
     shown: dict[tuple[str | None, str | None, int | None, str], str] = {}
+    said = ""  # why it waits, as last printed
     deadline = time.monotonic() + timeout
     feed: EventFeed | None = EventFeed(c, run_id)
     while True:
@@ -344,6 +345,10 @@ def follow(c: Client, run_id: str, timeout: float, console: Console) -> Run:
             if shown.get(key) != step["status"] and step["status"] not in ("running",):
                 shown[key] = step["status"]
                 print_step(console, step)
+        waiting = "" if run.terminal else waiting_line(run.raw.get("waiting_for"))
+        if waiting and waiting != said:
+            console.print(f"  [yellow]{waiting}[/yellow]")
+        said = waiting
         left = deadline - time.monotonic()
         if run.terminal or left < 0:
             return run

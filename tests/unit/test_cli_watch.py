@@ -96,6 +96,22 @@ def test_follow_reads_the_run_on_its_events() -> None:
     assert all("wait" not in params for params in server.run_reads)  # no long-poll
 
 
+def test_follow_says_why_the_run_waits_each_time_it_changes() -> None:
+    asleep = {**record("running", []), "waiting_for": {
+        "reason": "delay", "step_id": "nap", "until": "2026-01-02T03:05:00Z"}}  # fmt: skip
+    retrying = {**record("running", []), "waiting_for": {
+        "reason": "retry", "step_id": "call", "attempt": 2, "until": "2026-01-02T03:06:00Z"}}  # fmt: skip
+    server = Server([asleep, asleep, retrying, record("completed", [STEP])], None)
+    out_console, out = console()
+    with server.client() as c:
+        assert follow(c, RUN, 60, out_console).status == "completed"
+    said = [line.strip() for line in out.getvalue().splitlines() if "waiting" in line]
+    assert said == [
+        "waiting for the delay in step nap until 2026-01-02T03:05:00Z",  # once, not per read
+        "waiting to retry in step call (attempt 2) until 2026-01-02T03:06:00Z",
+    ]
+
+
 def test_follow_long_polls_a_server_without_streams() -> None:
     server = Server([record("running", []), record("completed", [STEP])], None)
     out_console, out = console()
