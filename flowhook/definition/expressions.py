@@ -45,6 +45,7 @@ from flowhook.definition.sandbox import (
 
 __all__ = [
     "MAX_EXPRESSION_CHARS",
+    "strings_in",
     "MAX_EXPRESSION_DEPTH",
     "MAX_BUILT",
     "MAX_EVAL_SECONDS",
@@ -299,7 +300,7 @@ def referenced_steps(value: Any) -> set[str]:
     ``steps['price']``); none for a template that assigns ``steps`` itself. Call on a value
     that compiles."""
     found: set[str] = set()
-    for source in _strings(value):
+    for source in strings_in(value):
         if "steps" not in source or ("{{" not in source and "{%" not in source):
             continue
         tree = SANDBOX.parse(source)
@@ -361,7 +362,7 @@ def check_size(value: Any) -> None:
     than :data:`MAX_EXPRESSION_CHARS` or nests deeper than :data:`MAX_EXPRESSION_DEPTH`:
     what a definition is checked for when it is saved, before anything of it is compiled.
     (A stored definition is compiled as it is: caps never break a flow saved before them.)"""
-    for source in _strings(value):
+    for source in strings_in(value):
         if "{{" not in source and "{%" not in source:
             continue
         if len(source) > MAX_EXPRESSION_CHARS:
@@ -382,14 +383,15 @@ def check_size(value: Any) -> None:
 
 def expression_chars(value: Any) -> int:
     """The characters of a value's strings that hold expressions (what compiling costs)."""
-    return sum(len(s) for s in _strings(value) if "{{" in s or "{%" in s)
+    return sum(len(s) for s in strings_in(value) if "{{" in s or "{%" in s)
 
 
-def _strings(value: Any) -> list[str]:
+def strings_in(value: Any) -> list[str]:
+    """Every string in a JSON value (its keys left out), depth first."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
+        return [s for v in value.values() for s in strings_in(v)]
     if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
+        return [s for v in value for s in strings_in(v)]
     return []

@@ -14,6 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError, nodes
 
+from flowhook.definition.expressions import strings_in
 from flowhook.definition.sandbox import SANDBOX
 
 __all__ = ["SECRET_NAME", "SECRET_FIELDS", "SecretUse", "secret_names", "is_secret_name"]
@@ -38,7 +39,7 @@ def secret_names(value: Any) -> set[str]:
     ``secrets`` read whole, by a computed key, or assigned. Strings that do not compile are
     skipped (their own check says so)."""
     found: set[str] = set()
-    for source in _strings(value):
+    for source in strings_in(value):
         if "secrets" not in source or ("{{" not in source and "{%" not in source):
             continue
         try:
@@ -77,13 +78,3 @@ def _names_in(tree: nodes.Node) -> set[str]:
                 "whole or assigned"
             )
     return found
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []

@@ -170,13 +170,7 @@ class TaskService:
                 done = [end if isinstance(end, Refused) else _answer(end, next(ended))
                         for end in checked]  # fmt: skip
                 if limit:
-                    found = await tasks_store.claim(
-                        conn, who.workspace_id, who.mode, names, worker_id, limit, now
-                    )
-                    if seen:
-                        await tasks_store.worker_seen(
-                            conn, who.workspace_id, who.mode, worker_id, names, now
-                        )
+                    found = await _claim_in(conn, who, worker_id, names, limit, now, seen=seen)
                 return done
 
             answers = await self._db.retrying(write)
@@ -211,14 +205,7 @@ class TaskService:
         now = self._clock.now()
         seen = self._due_seen(who, worker_id)
         async with self._db.transaction() as conn:
-            found = await tasks_store.claim(
-                conn, who.workspace_id, who.mode, names, worker_id, limit, now
-            )
-            if seen:
-                await tasks_store.worker_seen(
-                    conn, who.workspace_id, who.mode, worker_id, names, now
-                )
-        return found
+            return await _claim_in(conn, who, worker_id, names, limit, now, seen=seen)
 
     def _due_seen(self, who: Principal, worker_id: str) -> bool:
         """Whether this process should write that ``worker_id`` was seen (at most every few
@@ -256,36 +243,25 @@ class TaskService:
 
     async def complete(self, who: Principal, task_id: str, attempt: int, output: Any) -> Ended:
         """The attempt's output becomes the step's (the run wakes); the same call again gets
-        the same answer."""
-        _check_id(task_id)
-        problem = self._output_problem(output)
-        if problem is not None:  # the attempt fails; the worker is told why
-            await self._end(who, task_id, attempt, None,
-                            {"type": "output", "message": problem}, True)  # fmt: skip
-            raise InvalidInput(problem, field="output")
-        return await self._end(who, task_id, attempt, output, None, False)
+        the same answer. An output that cannot be stored fails the attempt, and the worker
+        is told why."""
+        return await self._end(self._checked(who, End(task_id, attempt, output)))
 
     async def fail(
         self, who: Principal, task_id: str, attempt: int, error: dict[str, Any], retryable: bool
     ) -> Ended:
         """The attempt failed; the step's ``retry`` decides whether another follows, unless
         ``retryable`` is false."""
-        _check_id(task_id)
-        _check_error(error)
-        return await self._end(who, task_id, attempt, None, error, retryable)
+        return await self._end(self._checked(who, End(task_id, attempt, None, error, retryable)))
 
-    async def _end(
-        self,
-        who: Principal,
-        task_id: str,
-        attempt: int,
-        output: Any,
-        error: dict[str, Any] | None,
-        retryable: bool,
-    ) -> Ended:
+    async def _end(self, end: _End | Refused) -> Ended:
         """End the attempt (in a write shared with the other ends arriving meanwhile)."""
-        ended = await self._ends.submit(_End(who, task_id, attempt, output, error, retryable))
+        if isinstance(end, Refused):
+            raise end.error
+        ended = await self._ends.submit(end)
         self._runs.notify()
+        if isinstance(end, _BadOutput):
+            raise _output_refused(end, ended).error
         return ended
 
     async def _commit_ends(self, batch: Sequence[_End]) -> list[Ended | BaseException]:
@@ -358,6 +334,23 @@ class _End:
     output: Any
     error: dict[str, Any] | None
     retryable: bool
+
+
+async def _claim_in(
+    conn: Connection,
+    who: Principal,
+    worker_id: str,
+    names: list[str],
+    limit: int,
+    now: datetime,
+    *,
+    seen: bool,
+) -> list[Task]:
+    """Claim in ``conn``'s transaction; ``seen``: write that the worker was seen too."""
+    found = await tasks_store.claim(conn, who.workspace_id, who.mode, names, worker_id, limit, now)
+    if seen:
+        await tasks_store.worker_seen(conn, who.workspace_id, who.mode, worker_id, names, now)
+    return found
 
 
 class _BadOutput(_End):

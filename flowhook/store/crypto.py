@@ -24,10 +24,10 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import SecretStr
-from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.errors import SecretKeyError
+from flowhook.store.holding import database_file
 
 __all__ = [
     "PREFIX",
@@ -122,15 +122,8 @@ class SecretBox:
 
 def key_file_for(database_url: str) -> Path | None:
     """``<database file>.key`` for a SQLite file; ``None`` for memory or PostgreSQL."""
-    url = make_url(database_url)
-    if not url.drivername.startswith("sqlite"):
-        return None
-    name = url.database or ""
-    if name.startswith("file:"):
-        name = name.removeprefix("file:").split("?", 1)[0]
-    if not name or name == ":memory:" or url.query.get("mode") == "memory":
-        return None
-    return Path(name).with_name(Path(name).name + ".key")
+    path = database_file(database_url)
+    return None if path is None else path.with_name(path.name + ".key")
 
 
 def _load_or_create(path: Path) -> list[str]:

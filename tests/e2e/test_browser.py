@@ -16,16 +16,10 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
+from tests.browser import shot
 from tests.support import Server, serve
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
 
 
 class Hook(BaseHTTPRequestHandler):
@@ -81,31 +75,6 @@ def client(app: Server) -> Iterator[Opener]:
     yield open_client
     for c in opened:
         c.close()
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        tab = context.new_page()
-        tab.set_default_timeout(15_000)
-        tab.on("dialog", lambda dialog: dialog.accept())
-        refused: list[str] = []  # the pages' Content-Security-Policy must not block them
-        tab.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
-        yield tab
-        assert not refused, refused
-        context.close()
-        browser.close()
-
-
-def shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def reload_until(page: Any, check: Any, timeout: float = 15.0) -> None:

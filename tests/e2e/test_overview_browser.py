@@ -19,16 +19,10 @@ import pytest
 
 from flowhook.ids import pack_id
 from flowhook.store.types import to_micros
+from tests.browser import shot
 from tests.support import Server, free_port, serve
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "test-artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
 
 
 class Ok(BaseHTTPRequestHandler):
@@ -62,26 +56,6 @@ def app(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
     path = tmp_path / "overview.db"
     with serve(tmp_path, f"sqlite:///{path}", **env) as server:
         yield server, path
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        tab = context.new_page()
-        tab.set_default_timeout(15_000)
-        refused: list[str] = []  # the page's Content-Security-Policy must not block it
-        tab.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
-        yield tab
-        assert not refused, refused
-        context.close()
-        browser.close()
 
 
 def _flow(api: httpx.Client, name: str, steps: list[dict[str, Any]]) -> str:
@@ -267,7 +241,3 @@ def _failed_last_hour(path: Path, now: datetime) -> int:
     return _count(
         path, "hex(run_id) LIKE ? AND status = 'failed' AND queued_at >= ?", seeded, since
     )
-
-
-def shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_workers_browser import page, shot  # noqa: F401 - the fixture
+from tests.e2e.test_workers_browser import shot
 from tests.support import serve
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,7 @@ VALUE = "sk_live_browser_VALUE_93f1"
 
 def test_the_secrets_page_lists_names_and_sets_values_never_showing_one(
     tmp_path: Path,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     with serve(tmp_path, f"sqlite:///{tmp_path / 's.db'}", FLOWHOOK_LOG_LEVEL="warning") as server:
         base, key = server.base, server.value("sandbox key")

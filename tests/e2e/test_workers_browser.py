@@ -6,37 +6,16 @@ Screenshots: test-artifacts/screenshots/workers-*.png."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.test_overview_browser import ARGS, CHROMIUM, SHOTS
+from tests.browser import SHOTS
 from tests.support import serve, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: apt-get install -y chromium (.ci/run does)")
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        tab = context.new_page()
-        tab.set_default_timeout(15_000)
-        refused: list[str] = []
-        tab.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
-        yield tab
-        assert not refused, refused
-        context.close()
-        browser.close()
 
 
 def shot(page: Any, name: str) -> None:
