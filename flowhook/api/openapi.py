@@ -202,6 +202,8 @@ _ENDPOINT_ACTIONS = [
     ("patch", "/webhooks/endpoints/{endpoint_id}"),
     ("delete", "/webhooks/endpoints/{endpoint_id}"),
     ("get", "/webhooks/endpoints/{endpoint_id}/secret"),
+    ("post", "/webhooks/endpoints/{endpoint_id}/pause"),
+    ("post", "/webhooks/endpoints/{endpoint_id}/resume"),
     ("post", "/webhooks/endpoints/{endpoint_id}/rotate-secret"),
     ("post", "/webhooks/endpoints/{endpoint_id}/promote-secret"),
     ("post", "/webhooks/endpoints/{endpoint_id}/test"),

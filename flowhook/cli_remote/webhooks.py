@@ -1,9 +1,9 @@
-"""``flowhook endpoints`` (add, list, show, test, delete) and ``flowhook deliveries`` (list,
+"""``flowhook endpoints`` (add, list, show, test, pause, resume, delete) and ``flowhook deliveries`` (list,
 replay): the webhooks this service sends."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -64,7 +64,7 @@ def endpoints_list(as_json: JsonOpt = False) -> None:
             e["url"],
             e.get("description") or "",
             ", ".join(e["events"]),
-            "enabled" if e["enabled"] else "disabled",
+            _state(e),
         ],
         "no endpoints",
     )
@@ -78,7 +78,9 @@ def endpoints_show(endpoint_id: EndpointArg, as_json: JsonOpt = False) -> None:
     if as_json:
         out_json(ep)
         return
-    state = "enabled" if ep["enabled"] else f"disabled ({ep.get('disabled_reason') or 'by hand'})"
+    state = _state(ep)
+    if not ep["enabled"]:
+        state += f" ({ep.get('disabled_reason') or 'by hand'})"
     console.print(f"{ep['id']} {escape(ep['url'])}")
     for label, value in (
         ("description", ep.get("description")),
@@ -107,6 +109,31 @@ def endpoints_test(endpoint_id: EndpointArg, as_json: JsonOpt = False) -> None:
             "`flowhook deliveries list` shows how it went"
         ),
     )
+
+
+def _state(ep: dict[str, Any]) -> str:
+    if not ep["enabled"]:
+        return "disabled"
+    return f"paused since {ep['paused_at']}" if ep.get("paused") else "enabled"
+
+
+@endpoints.command("pause")
+def endpoints_pause(endpoint_id: EndpointArg) -> None:
+    """Pause an endpoint: its deliveries wait, using no attempts, until `flowhook endpoints
+    resume`; an attempt under way finishes."""
+    with client() as c:
+        c.pause_endpoint(endpoint_id)
+    console.print(
+        f"{endpoint_id} paused: its deliveries wait until `flowhook endpoints resume {endpoint_id}`"
+    )
+
+
+@endpoints.command("resume")
+def endpoints_resume(endpoint_id: EndpointArg) -> None:
+    """Resume a paused endpoint: the deliveries it held are sent oldest first."""
+    with client() as c:
+        c.resume_endpoint(endpoint_id)
+    console.print(f"{endpoint_id} resumed: what it held is sent oldest first")
 
 
 @endpoints.command("delete")

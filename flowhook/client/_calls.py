@@ -151,6 +151,14 @@ def resume_flow(flow_id: str, rate_per_second: float | None = None) -> Call:
     return Call("POST", f"/flows/{flow_id}/resume", json=body)
 
 
+def pause_endpoint(endpoint_id: str) -> Call:
+    return Call("POST", f"/webhooks/endpoints/{endpoint_id}/pause")
+
+
+def resume_endpoint(endpoint_id: str) -> Call:
+    return Call("POST", f"/webhooks/endpoints/{endpoint_id}/resume")
+
+
 def get_endpoint(endpoint_id: str) -> Call:
     return Call("GET", f"/webhooks/endpoints/{endpoint_id}")
 

@@ -267,6 +267,14 @@ class Client:
         """Resume a flow: the runs it held start oldest first, at most ``rate_per_second``."""
         return dict(self._send(calls.resume_flow(flow_id, rate_per_second)))
 
+    def pause_endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        """Pause an endpoint: its deliveries wait, using no attempts, for its resume."""
+        return dict(self._send(calls.pause_endpoint(endpoint_id)))
+
+    def resume_endpoint(self, endpoint_id: str) -> dict[str, Any]:
+        """Resume an endpoint: the deliveries it held are sent oldest first."""
+        return dict(self._send(calls.resume_endpoint(endpoint_id)))
+
     def get_endpoint(self, endpoint_id: str) -> dict[str, Any]:
         return dict(self._send(calls.get_endpoint(endpoint_id)))
 

@@ -16,7 +16,7 @@ from flowhook.service.lookup import find, missing
 from flowhook.service.pagination import Page, check_cursor, listed
 from flowhook.signing import new_secret
 from flowhook.store import deliveries as deliveries_store
-from flowhook.store import delivery_reads
+from flowhook.store import delivery_reads, pausing
 from flowhook.store import endpoints as endpoints_store
 from flowhook.store import events as events_store
 from flowhook.store import retention as retention_store
@@ -168,12 +168,39 @@ class WebhookService:
                 await deliveries_store.release_all(conn, endpoint.id, now)
         return endpoint
 
+    async def pause_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
+        """Hold the endpoint's deliveries (pending and to come), no attempt used; attempts
+        under way finish. Pausing a paused endpoint changes nothing."""
+        if not is_id(endpoint_id, "ep"):
+            raise missing("endpoint", endpoint_id)
+        now = self._clock.now()
+        async with self._db.transaction() as conn:
+            if not await pausing.mark_endpoint(conn, who.workspace_id, who.mode, endpoint_id, now):
+                raise missing("endpoint", endpoint_id)
+            await pausing.hold_deliveries(conn, endpoint_id, now)
+        return await self.get_endpoint(who, endpoint_id)
+
+    async def resume_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
+        """Let the endpoint's held deliveries go, oldest first."""
+        if not is_id(endpoint_id, "ep"):
+            raise missing("endpoint", endpoint_id)
+        async with self._db.transaction() as conn:
+            if not await pausing.mark_endpoint(conn, who.workspace_id, who.mode, endpoint_id, None):
+                raise missing("endpoint", endpoint_id)
+            await pausing.release_deliveries(conn, endpoint_id, self._clock.now())
+        return await self.get_endpoint(who, endpoint_id)
+
     async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
+        """Delete the endpoint; its pending deliveries fail (nowhere to send them), those it
+        held (paused, or FIFO behind another) too: they are let go to fail."""
         async with self._db.transaction() as conn:
             if not await endpoints_store.delete_endpoint(
                 conn, who.workspace_id, who.mode, endpoint_id
             ):
                 raise missing("endpoint", endpoint_id)
+            now = self._clock.now()
+            await deliveries_store.release_all(conn, endpoint_id, now)
+            await pausing.release_deliveries(conn, endpoint_id, now)
 
     async def rotate_secret(
         self, who: Principal, endpoint_id: str, grace_seconds: float | None = None
@@ -299,12 +326,12 @@ class WebhookService:
     async def _replay(self, conn: Any, original: Delivery) -> Delivery:
         copy = original.replayed(new_id("dlv"), self._clock.now())
         endpoint = await endpoints_store.get_endpoint(conn, original.endpoint_id)
-        fifo = (
-            [endpoint.id]
-            if endpoint is not None and endpoint.ordering == deliveries_store.FIFO
-            else []
-        )
-        await deliveries_store.insert_deliveries(conn, [copy], fifo=fifo)  # behind the ones in hand
+        fifo = paused = []
+        if endpoint is not None:
+            fifo = [endpoint.id] if endpoint.ordering == deliveries_store.FIFO else []
+            paused = [endpoint.id] if endpoint.paused_at is not None else []
+        # behind the ones in hand
+        await deliveries_store.insert_deliveries(conn, [copy], fifo=fifo, paused=paused)
         return copy
 
     async def recover(

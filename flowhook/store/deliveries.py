@@ -61,6 +61,9 @@ class Subscriber:
     flow_ids: list[str] | None
     """Only events of these flows (``None``: every event)."""
     fifo: bool
+    paused: bool = False
+    """Paused when the fan-out read it: its deliveries are queued held (see
+    :func:`insert_deliveries`)."""
 
     def wants(self, flow_id: str | None) -> bool:
         return self.flow_ids is None or flow_id in self.flow_ids
@@ -96,22 +99,26 @@ async def subscribers(
         rows = await bulk.rows(conn, stmt, params)
     else:
         rows = await bulk.insert_then_read(conn, written, stmt, params)
-    found = [Subscriber(ep, event, flows, order == FIFO) for ep, event, flows, order, *_ in rows]
+    found = [
+        Subscriber(ep, event, flows, order == FIFO, paused is not None)
+        for ep, event, flows, order, paused, *_ in rows
+    ]
     if handoff is not None and rows:  # no rows: nothing to deliver, the queue not read
-        handoff.saw_queue(bool(rows[0][4]))
+        handoff.saw_queue(bool(rows[0][5]))
     return found
 
 
 @cache
 def _subscribers_statement(with_queue: bool) -> Any:
     """:func:`subscribers`' query, built once: its values are bound parameters. With
-    ``with_queue``, a fifth column says whether a delivery is due at ``now`` (the
+    ``with_queue``, a sixth column says whether a delivery is due at ``now`` (the
     statement of :func:`_waiting`, evaluated once for the query)."""
     columns: list[Any] = [
         endpoint_events.c.endpoint_id,
         endpoint_events.c.event,
         _EP.filter_flow_ids,
         _EP.ordering,
+        _pause_column(),
     ]
     if with_queue:
         columns.append(_waiting_statement().exists().label("waiting"))
@@ -125,6 +132,12 @@ def _subscribers_statement(with_queue: bool) -> Any:
             endpoint_events.c.event.in_(bindparam("events", expanding=True)),
         )
     )
+
+
+def _pause_column() -> Any:
+    """The endpoint's ``paused_at``, as the fan-out reads it (tests that write rows at a
+    revision from before endpoints had one read ``NULL`` here instead)."""
+    return _EP.paused_at
 
 
 async def lock_endpoint(conn: AsyncConnection, endpoint_id: str) -> None:
@@ -191,22 +204,34 @@ async def insert_deliveries(
     queued: Sequence[Delivery],
     *,
     fifo: Sequence[str] = (),
+    paused: Sequence[str] = (),
     handoff: Handoff | None = None,
 ) -> None:
     """Queue deliveries; other processes' dispatchers hear of them at commit. A delivery to
     an endpoint of ``fifo`` waits (due never, :data:`~flowhook.store.types.HELD`) while
     another of that endpoint is pending: the one that ends releases the next, in event
-    order. With a ``handoff``, the deliveries it takes are written claimed by its dispatcher
-    instead (:func:`~flowhook.store.delivery_queue.insert_claimed`), and nobody is woken for
-    them."""
+    order. A delivery to an endpoint of ``paused`` that is still paused (read again under
+    its lock, which its resume takes too: a resume is never missed) is held, due never but
+    keeping when it fell due, until the resume. With a ``handoff``, the deliveries it takes
+    are written claimed by its dispatcher instead
+    (:func:`~flowhook.store.delivery_queue.insert_claimed`), and nobody is woken for them."""
     if not queued:
         return
+    present = {d.endpoint_id for d in queued}
+    fifo, paused = sorted(present.intersection(fifo)), sorted(present.intersection(paused))
+    for endpoint_id in sorted({*fifo, *paused}):  # the lock order rule: by id
+        await lock_endpoint(conn, endpoint_id)
     if fifo:
         queued = await _queue_in_order(conn, queued, set(fifo))
     rows = [d.to_row() for d in queued]
+    holding = await _still_paused(conn, paused) if paused else set()
+    if holding:
+        for d, row in zip(queued, rows, strict=True):
+            if d.endpoint_id in holding:
+                row["next_attempt_at"] = HELD
     taken: list[str] = []
     if handoff is not None:
-        taken = await _take(conn, handoff, queued, rows, set(fifo))
+        taken = await _take(conn, handoff, queued, rows, set(fifo) | holding)
     if handoff is None or handoff.now is None or not taken:  # (``now`` is set with a hand-off)
         await bulk.insert(conn, deliveries, rows)
     else:
@@ -222,7 +247,8 @@ async def _take(
     rows: list[dict[str, Any]],
     ordered: set[str],
 ) -> list[str]:
-    """The ids of the deliveries ``handoff`` takes (never a FIFO endpoint's), their ``rows``
+    """The ids of the deliveries ``handoff`` takes (never one of ``ordered``: a FIFO or
+    paused endpoint's), their ``rows``
     made what a claim by its dispatcher would leave: leased until ``now + lease``, one
     attempt counted. Every row keeps one shape, so all are one statement."""
     now = handoff.now = handoff.now or handoff.clock()
@@ -258,9 +284,10 @@ async def _waiting(conn: AsyncConnection, now: datetime) -> bool:
 async def _queue_in_order(
     conn: AsyncConnection, queued: Sequence[Delivery], fifo: set[str]
 ) -> list[Delivery]:
+    """``queued`` with every FIFO endpoint's delivery but its first held behind the one
+    pending. Call with the endpoints locked (:func:`lock_endpoint`)."""
     out = list(queued)
     for endpoint_id in sorted({d.endpoint_id for d in queued} & fifo):
-        await lock_endpoint(conn, endpoint_id)
         busy = await _pending_of(conn, endpoint_id)
         for i, d in enumerate(out):
             if d.endpoint_id != endpoint_id:
@@ -269,6 +296,12 @@ async def _queue_in_order(
                 out[i] = replace(d, next_attempt_at=HELD)
             busy = True
     return out
+
+
+async def _still_paused(conn: AsyncConnection, endpoint_ids: Sequence[str]) -> set[str]:
+    """Which of ``endpoint_ids`` are paused, read after their locks were taken."""
+    q = select(_EP.id).where(_EP.id.in_(sorted(endpoint_ids)), _EP.paused_at.is_not(None))
+    return set((await conn.execute(q)).scalars())
 
 
 async def _pending_of(conn: AsyncConnection, endpoint_id: str) -> bool:

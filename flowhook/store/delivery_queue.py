@@ -76,6 +76,9 @@ class DueDelivery:
     flow_id: str | None = None
     traceparent: str | None = None
     """The trace context of the event's run (read with the claim: no query of its own)."""
+    paused_at: datetime | None = None
+    """The endpoint is paused: the delivery goes back to wait, no attempt used
+    (:func:`flowhook.store.pausing.put_back`)."""
 
     @classmethod
     def from_values(cls, values: dict[str, Any], box: SecretBox) -> DueDelivery:
@@ -120,6 +123,7 @@ _DUE_COLUMNS = (
     _D.run_id,
     events.c.flow_id,
     runs.c.traceparent,
+    _EP.paused_at,
 )
 _DUE_NAMES = tuple(c.key for c in _DUE_COLUMNS)
 _CLAIMED_OWN = ("id", "event_id", "event_type", "endpoint_id", "attempts", "created_at", "run_id")

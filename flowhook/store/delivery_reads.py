@@ -8,15 +8,18 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from flowhook.store.guards import PENDING_DELIVERY
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Mode
 from flowhook.store.rows import owned, page
-from flowhook.store.tables import deliveries, delivery_attempts, events
+from flowhook.store.tables import deliveries, delivery_attempts, events, webhook_endpoints
+from flowhook.store.types import HELD
 
 __all__ = [
     "get_delivery",
+    "explain_held",
     "list_deliveries",
     "failed_deliveries_between",
     "events_in_hand",
@@ -41,6 +44,7 @@ async def get_delivery(
         .order_by(delivery_attempts.c.number)
     )
     found.attempt_log = [Attempt.from_row(a) for a in (await conn.execute(attempts_q)).all()]
+    await explain_held(conn, [found])
     return found
 
 
@@ -61,7 +65,36 @@ async def list_deliveries(
         q = page(deliveries, _D.id, workspace_id, mode, limit=limit, after=after, **equal)
     else:
         q = _of_run(workspace_id, mode, run_id, limit=limit, after=after, **equal)
-    return [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
+    found = [Delivery.from_row(r) for r in (await conn.execute(q)).all()]
+    await explain_held(conn, found)
+    return found
+
+
+async def explain_held(conn: AsyncConnection, found: Sequence[Delivery]) -> None:
+    """Say why each held delivery of ``found`` waits (:attr:`Delivery.waiting_for`): its
+    endpoint is paused (``{"reason": "paused", "since"}``), or it is FIFO and the delivery
+    ahead of it goes first (``{"reason": "fifo", "delivery_id"}``). Two small reads, and
+    only when one of ``found`` is held."""
+    held = [d for d in found if d.status is DeliveryStatus.PENDING and d.next_attempt_at >= HELD]
+    if not held:
+        return
+    ids = sorted({d.endpoint_id for d in held})
+    q = select(webhook_endpoints.c.id, webhook_endpoints.c.paused_at).where(
+        webhook_endpoints.c.id.in_(ids), webhook_endpoints.c.paused_at.is_not(None)
+    )
+    paused = {ep: at for ep, at in (await conn.execute(q)).all()}
+    behind = sorted({d.endpoint_id for d in held if d.endpoint_id not in paused})
+    ahead: dict[str, str] = {}
+    if behind:  # a FIFO endpoint's one delivery not held behind another
+        q = select(_D.endpoint_id, _D.id).where(
+            _D.endpoint_id.in_(behind), text(PENDING_DELIVERY), _D.due_at != HELD
+        )
+        ahead = {ep: delivery_id for ep, delivery_id in (await conn.execute(q)).all()}
+    for d in held:
+        if d.endpoint_id in paused:
+            d.waiting_for = {"reason": "paused", "since": paused[d.endpoint_id]}
+        else:
+            d.waiting_for = {"reason": "fifo", "delivery_id": ahead.get(d.endpoint_id)}
 
 
 def _of_run(

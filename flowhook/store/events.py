@@ -80,8 +80,10 @@ async def insert_events(
         for sub in targets.get((e.workspace_id, e.mode, e.type), ())
         if sub.wants(e.flow_id)  # an endpoint's filter.flow_ids
     ]
-    fifo = sorted({s.endpoint_id for subs in targets.values() for s in subs if s.fifo})
-    await insert_deliveries(conn, queued, fifo=fifo, handoff=handoff)
+    chosen = [s for subs in targets.values() for s in subs]
+    fifo = sorted({s.endpoint_id for s in chosen if s.fifo})
+    paused = sorted({s.endpoint_id for s in chosen if s.paused})
+    await insert_deliveries(conn, queued, fifo=fifo, paused=paused, handoff=handoff)
     return len(queued)
 
 

@@ -456,6 +456,8 @@ class Endpoint:
     """``fifo``: one delivery in flight, in event order."""
     filter_flow_ids: list[str] | None = None
     """Only events of these flows."""
+    paused_at: datetime | None = None
+    """When it was paused (its deliveries wait); ``None``: it is not."""
 
 
 @dataclass(slots=True)
@@ -498,6 +500,11 @@ class Delivery:
     replay_of: str | None = None
     finished_at: datetime | None = None
     attempt_log: list[Attempt] = field(default_factory=list)
+    due_at: datetime | None = None
+    """When it fell due (``HELD``: a FIFO endpoint holds it behind the one going)."""
+    waiting_for: dict[str, Any] | None = None
+    """Why a pending delivery is held, when it is (read apart: see
+    :func:`flowhook.store.delivery_reads.explain_held`)."""
 
     @classmethod
     def from_row(cls, row: Any) -> Delivery:
@@ -526,7 +533,7 @@ class Delivery:
         return dataclasses.replace(
             self, id=delivery_id, status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now,
             created_at=now, last_status_code=None, last_error=None, replay_of=self.id,
-            finished_at=None, attempt_log=[],
+            finished_at=None, attempt_log=[], due_at=None, waiting_for=None,
         )  # fmt: skip
 
     def to_row(self) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Paused flows: their queued runs wait, held ``paused``, until the flow is resumed.
+"""Paused flows and endpoints: what they hold waits until they are resumed.
+
+Flows: their queued runs wait, held ``paused``.
 
 Pausing marks the flow (``flows.paused_at``) and holds every queued run of it that no worker
 has taken (those flow control held back too: their hold is taken again at their start), in
@@ -6,6 +8,15 @@ one transaction; a run accepted after it is queued held (flowhook.service.runs).
 worker holds go on. Resuming clears the mark and lets the held runs go oldest first, paced:
 the n-th becomes due ``n / rate`` seconds after the resume, so thousands of them take their
 turn beside other flows' runs instead of ahead of them.
+
+Endpoints: their pending deliveries wait, due never (``next_attempt_at`` at
+:data:`~flowhook.store.types.HELD`) but keeping when they fell due (``due_at``), so no
+attempt is used and a resume sends them oldest first (a retry not yet due waits for its
+time). An attempt already under way finishes. Pausing, resuming, the fan-out's queueing to a
+paused endpoint (:func:`~flowhook.store.deliveries.insert_deliveries`) and the dispatcher's
+:func:`put_back` all take the endpoint's lock
+(:func:`~flowhook.store.deliveries.lock_endpoint`) and read whether it is paused under it:
+a delivery is never held after the resume that would have let it go.
 """
 
 from __future__ import annotations
@@ -13,19 +24,30 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import delete, func, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from flowhook.store import bulk
-from flowhook.store.guards import held_is
+from flowhook.store.deliveries import DELIVERY_CHANNEL, lock_endpoint
+from flowhook.store.driver import driver_of
+from flowhook.store.guards import PENDING_DELIVERY, held_is
 from flowhook.store.models import Held, Mode, RunStatus
 from flowhook.store.rows import owned
 from flowhook.store.runs import NOTIFY_CHANNEL
-from flowhook.store.tables import flows, runs
+from flowhook.store.tables import deliveries, delivery_attempts, flows, runs, webhook_endpoints
 from flowhook.store.types import HELD
 from flowhook.store.wakeup import wake_at_commit
 
-__all__ = ["mark", "hold_queued", "release", "RESUME_BATCH"]
+__all__ = [
+    "mark",
+    "hold_queued",
+    "release",
+    "RESUME_BATCH",
+    "mark_endpoint",
+    "hold_deliveries",
+    "release_deliveries",
+    "put_back",
+]
 
 RESUME_BATCH = 1000
 """Held runs let go per statement on resume."""
@@ -83,3 +105,92 @@ async def release(conn: AsyncConnection, flow_id: str, now: datetime, rate: floa
     if ids:
         await wake_at_commit(conn, "runs", NOTIFY_CHANNEL)
     return len(ids)
+
+
+_D = deliveries.c
+_EP = webhook_endpoints.c
+
+
+async def mark_endpoint(
+    conn: AsyncConnection,
+    workspace_id: str,
+    mode: Mode,
+    endpoint_id: str,
+    paused_at: datetime | None,
+) -> bool:
+    """Pause the endpoint at ``paused_at`` (kept if it is paused already) or, with ``None``,
+    resume it, under its lock; whether the workspace and mode own an endpoint of that id."""
+    await lock_endpoint(conn, endpoint_id)
+    value = None if paused_at is None else func.coalesce(_EP.paused_at, paused_at)
+    result = await conn.execute(
+        update(webhook_endpoints)
+        .where(owned(_EP.id, endpoint_id, workspace_id, mode))
+        .values(paused_at=value)
+    )
+    return bool(result.rowcount == 1)
+
+
+def _pending_of(endpoint_id: str) -> tuple[Any, ...]:
+    """The endpoint's pending deliveries that are not held behind a FIFO one."""
+    return (_D.endpoint_id == endpoint_id, text(PENDING_DELIVERY), _D.due_at != HELD)
+
+
+async def hold_deliveries(conn: AsyncConnection, endpoint_id: str, now: datetime) -> int:
+    """Hold the endpoint's pending deliveries (those under a live lease are being sent: they
+    finish); how many. Call after :func:`mark_endpoint` paused it."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(
+            *_pending_of(endpoint_id),
+            _D.next_attempt_at != HELD,
+            (_D.lease_expires_at.is_(None)) | (_D.lease_expires_at <= now),
+        )
+        .values(next_attempt_at=HELD)
+    )
+    return int(result.rowcount or 0)
+
+
+async def release_deliveries(conn: AsyncConnection, endpoint_id: str, now: datetime) -> int:
+    """Let the endpoint's held deliveries go, each due when it fell due or ``now`` if that
+    has passed: claims take them oldest first. How many. Call after :func:`mark_endpoint`
+    resumed it."""
+    result = await conn.execute(
+        update(deliveries)
+        .where(*_pending_of(endpoint_id), _D.next_attempt_at == HELD)
+        .values(next_attempt_at=driver_of(conn).greatest(_D.due_at, literal(now, _D.due_at.type)))
+    )
+    released = int(result.rowcount or 0)
+    if released:
+        await wake_at_commit(conn, "deliveries", DELIVERY_CHANNEL)
+    return released
+
+
+async def put_back(
+    conn: AsyncConnection, delivery_id: str, endpoint_id: str, number: int, owner: str
+) -> bool:
+    """A dispatcher claimed a delivery whose endpoint it read paused (queued or made due
+    while the pause was on its way): hold it again as if never claimed (its attempt uncounted
+    and its line gone), if the endpoint is still paused under its lock. ``False``: it was
+    resumed meanwhile, and the attempt goes ahead."""
+    await lock_endpoint(conn, endpoint_id)
+    paused = select(_EP.paused_at).where(_EP.id == endpoint_id)
+    if (await conn.execute(paused)).scalar() is None:
+        return False
+    held = await conn.execute(
+        update(deliveries)
+        .where(_D.id == delivery_id, _D.lease_owner == owner, text(PENDING_DELIVERY))
+        .values(
+            attempts=_D.attempts - 1,
+            next_attempt_at=HELD,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    if held.rowcount == 1:
+        A = delivery_attempts.c
+        await conn.execute(
+            delete(delivery_attempts).where(
+                A.delivery_id == delivery_id, A.number == number, A.finished_at.is_(None)
+            )
+        )
+    return True

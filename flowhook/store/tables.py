@@ -365,6 +365,8 @@ webhook_endpoints = Table(
     _at("rate_next_at", required=False),
     Column("ordering", String(8)),
     Column("filter_flow_ids", OptionalJSON),
+    # Paused (POST …/pause): its deliveries are held, due never, until it is resumed.
+    _at("paused_at", required=False),
     Index(None, "workspace_id", "mode", "id"),
 )
 

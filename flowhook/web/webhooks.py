@@ -126,6 +126,12 @@ async def endpoint_action(endpoint_id: str, p: Page = PageDep) -> Response:
                 },
             )
             return await _endpoint_page(p, endpoint_id, notice="Saved.")
+        if action == "pause":
+            await hooks.pause_endpoint(p.who, endpoint_id)
+            return await _endpoint_page(p, endpoint_id, notice="Paused: deliveries wait.")
+        if action == "resume":
+            await hooks.resume_endpoint(p.who, endpoint_id)
+            return await _endpoint_page(p, endpoint_id, notice="Resumed: held deliveries go.")
         if action in ("enable", "disable"):
             await hooks.update_endpoint(p.who, endpoint_id, {"enabled": action == "enable"})
             return await _endpoint_page(

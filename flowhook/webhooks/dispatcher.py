@@ -43,7 +43,7 @@ from flowhook.defaults import (
 )
 from flowhook.errors import StoreUnavailable
 from flowhook.group_commit import GroupCommit
-from flowhook.store import attempts, delivery_queue, endpoints
+from flowhook.store import attempts, delivery_queue, endpoints, pausing
 from flowhook.store.db import Connection, Database
 from flowhook.store.deliveries import FIFO, Handoff
 from flowhook.store.delivery_queue import DueDelivery
@@ -308,10 +308,12 @@ class Dispatcher(Consumer):
             del self._sending[quiet]
 
     async def _attempt(self, due: DueDelivery) -> None:
-        """One attempt: send the request (unless the endpoint is gone or disabled), then
-        wait until its outcome is committed."""
+        """One attempt: send the request (unless the endpoint is paused, gone or disabled),
+        then wait until its outcome is committed."""
         assert self.client is not None, "open() first"
         number = due.attempts  # counted and logged by the claim
+        if due.paused_at is not None and await self._put_back(due):
+            return
         if due.url is None or not due.enabled:
             await self._complete(self._undeliverable(due, number))
             return
@@ -348,6 +350,17 @@ class Dispatcher(Consumer):
         metrics.record_attempt(result.error_class or "delivered", result.duration_ms)
         if result.delivered:
             metrics.record_delivered((finished - due.created_at).total_seconds())
+
+    async def _put_back(self, due: DueDelivery) -> bool:
+        """The claim read the endpoint paused (the delivery was queued, or fell due, while
+        the pause was on its way): hold it again, no attempt used, unless it was resumed
+        since. Rare: a pause holds what is pending, and what is queued after it is queued
+        held."""
+        async with self.db.transaction() as conn:
+            held = await pausing.put_back(conn, due.id, due.endpoint_id, due.attempts, self.owner)
+        if held:
+            log.info("delivery %s: endpoint %s is paused; held again", due.id, due.endpoint_id)
+        return held
 
     async def _paced(self, due: DueDelivery) -> None:
         """Reserve this delivery's send time on its endpoint's shared schedule (at most

@@ -343,6 +343,12 @@ def test_the_commands_a_user_reaches_for_manage_flows_hooks_schedules_and_endpoi
             event = js(server, "endpoints", "test", ep["id"])
             assert event["event"] == "webhook.test"
             assert "webhook.test queued for" in ok(server, "endpoints", "test", ep["id"])
+            assert "paused: its deliveries wait" in ok(server, "endpoints", "pause", ep["id"])
+            assert "paused since" in ok(server, "endpoints", "list")
+            assert "state: paused since" in ok(server, "endpoints", "show", ep["id"])
+            assert js(server, "endpoints", "show", ep["id"])["paused"] is True
+            assert "resumed" in ok(server, "endpoints", "resume", ep["id"])
+            assert js(server, "endpoints", "show", ep["id"])["paused"] is False
             assert f"{ep['id']} deleted" in ok(server, "endpoints", "delete", ep["id"])
             gone = cli(server, "endpoints", "show", ep["id"])
             assert gone.returncode == 1 and "error 404" in gone.stderr

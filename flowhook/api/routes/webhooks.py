@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -113,6 +114,8 @@ def endpoint_record(ep: Endpoint, *, with_secret: bool = False) -> dict[str, Any
         "rate_limit": ep.rate_limit,
         "ordering": ep.ordering,
         "filter": None if ep.filter_flow_ids is None else {"flow_ids": ep.filter_flow_ids},
+        "paused": ep.paused_at is not None,
+        "paused_at": ts(ep.paused_at),
         "created_at": ts(ep.created_at),
         "updated_at": ts(ep.updated_at),
     }
@@ -121,7 +124,14 @@ def endpoint_record(ep: Endpoint, *, with_secret: bool = False) -> dict[str, Any
     return body
 
 
+def _held(waiting_for: dict[str, Any]) -> dict[str, Any]:
+    """Why a delivery is held (``paused`` with ``since``, or ``fifo`` with ``delivery_id``,
+    the one ahead of it), its time as the API writes times."""
+    return {k: ts(v) if isinstance(v, datetime) else v for k, v in waiting_for.items()}
+
+
 def delivery_record(d: Delivery) -> dict[str, Any]:
+    held = d.waiting_for
     return {
         "id": d.id,
         "event_id": d.event_id,
@@ -130,7 +140,10 @@ def delivery_record(d: Delivery) -> dict[str, Any]:
         "run_id": d.run_id,
         "status": str(d.status),
         "attempts": d.attempts,
-        "next_attempt_at": ts(d.next_attempt_at) if str(d.status) == "pending" else None,
+        "next_attempt_at": (
+            ts(d.next_attempt_at) if str(d.status) == "pending" and held is None else None
+        ),
+        "waiting_for": None if held is None else _held(held),
         "last_status_code": d.last_status_code,
         "last_error": d.last_error,
         "replay_of": d.replay_of,
@@ -219,6 +232,30 @@ def _secret_body(ep: Endpoint) -> dict[str, Any]:
 )
 async def get_secret(endpoint_id: str, services: ServicesDep, who: CallerDep) -> Response:
     return ORJSONResponse(_secret_body(await services.webhooks.get_endpoint(who, endpoint_id)))
+
+
+@router.post(
+    "/webhooks/endpoints/{endpoint_id}/pause",
+    summary="Pause an endpoint",
+    description="Its deliveries wait, attempted by no one and using no attempts, until it is "
+    "resumed: the pending ones and those queued meanwhile (each says `waiting_for.reason` "
+    "`paused`). An attempt already under way finishes. Pausing a paused endpoint changes "
+    "nothing.",
+    responses=_ERRORS,
+)
+async def pause_endpoint(endpoint_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    return ORJSONResponse(endpoint_record(await services.webhooks.pause_endpoint(who, endpoint_id)))
+
+
+@router.post(
+    "/webhooks/endpoints/{endpoint_id}/resume",
+    summary="Resume a paused endpoint",
+    description="The deliveries it held are sent oldest first (a retry keeps its time).",
+    responses=_ERRORS,
+)
+async def resume_endpoint(endpoint_id: str, services: ServicesDep, who: CallerDep) -> Response:
+    ep = await services.webhooks.resume_endpoint(who, endpoint_id)
+    return ORJSONResponse(endpoint_record(ep))
 
 
 @router.post(
