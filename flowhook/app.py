@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from flowhook import tracing
 from flowhook.api import mount as api
 from flowhook.api.allow import install_allow
+from flowhook.api.docs_page import install_docs
 from flowhook.api.errors import install_error_handlers
 from flowhook.api.fast import EXECUTE_PATH, handle_execute
 from flowhook.api.middleware import RequestGuard
@@ -54,7 +55,7 @@ def create_app(
         version="1",
         description="Start workflow runs over HTTP, follow them, and receive signed webhooks.",
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        docs_url=None,  # ours, served from the package (api/docs_page.py), not a CDN
         redoc_url=None,
         default_response_class=ORJSONResponse,
         lifespan=life.lifespan,
@@ -73,6 +74,7 @@ def _install_edges(app: FastAPI, settings: Settings) -> None:
     error handlers (a page's errors as a page), and the request guard in front of all."""
     install_allow(app)  # after every route: Allow for 405s; fixed paths keep their methods
     install_openapi(app)
+    install_docs(app)
     install_error_handlers(app, html=web.render_error)
     app.add_middleware(
         RequestGuard,

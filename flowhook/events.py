@@ -34,8 +34,8 @@ EVENT_TYPES: dict[str, str] = {
     "flow.failed": "A workflow errors or times out.",
     "flow.step_completed": "Each individual step finishes.",
     "flow.step_failed": "A specific step errors.",
-    "flow.cancelled": "A workflow run is cancelled (ours, not in the spec).",
-    "flow.approval_requested": "A run asks a person to approve or reject a step (ours): the "
+    "flow.cancelled": "A workflow run is cancelled.",
+    "flow.approval_requested": "A run asks a person to approve or reject a step: the "
     "payload carries single-use approve and reject links.",
     "webhook.delivered": "The service receives an inbound webhook.",
     "webhook.received": "An inbound webhook is received and accepted.",

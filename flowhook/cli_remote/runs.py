@@ -148,8 +148,10 @@ def _flow_version(version: str | None) -> int | str | None:
 
 
 def _run_row(r: Run, names: dict[str, str]) -> list[Any]:
+    waiting = "" if r.terminal else waiting_line(r.raw.get("waiting_for"))
+    status = f"{r.status}, {waiting}" if waiting else r.status
     return [
-        r.run_id, names.get(r.flow_id, ""), r.flow_id, r.status, r.steps_executed, r.duration_ms,
+        r.run_id, names.get(r.flow_id, ""), r.flow_id, status, r.steps_executed, r.duration_ms,
         r.queued_at,
     ]  # fmt: skip
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from flowhook.clock import Clock
@@ -122,6 +123,11 @@ class FlowService:
                 conn, who.workspace_id, who.mode, limit=1, slug=slug
             )
         return found[0] if found else None
+
+    async def names(self, who: Principal, flow_ids: Sequence[str]) -> dict[str, str]:
+        """The names of the caller's flows among ``flow_ids`` (for pages that list ids)."""
+        async with self._db.read() as conn:
+            return await flows_store.names_of(conn, who.workspace_id, who.mode, flow_ids)
 
     async def get(self, who: Principal, flow_id: str, version: int | None = None) -> Flow:
         async with self._db.read() as conn:

@@ -578,7 +578,10 @@ class RunService:
         cursor: str | None,
         flow_id: str | None = None,
         status: str | None = None,
+        asleep: str | None = None,
     ) -> Page[Run]:
+        """A page of runs, newest first; ``asleep``: only running runs asleep in a step of
+        that type (``approval``: waiting for a person; ``wait``: for a signal)."""
         wanted: RunStatus | None = None
         if status:
             try:
@@ -590,9 +593,28 @@ class RunService:
             self._db, "run", limit=limit, cursor=cursor, cursor_of=lambda row: row.run_id,
             fetch=lambda conn, after, n: runs_store.list_runs(
                 conn, who.workspace_id, who.mode, limit=n, after=after,
-                flow_id=flow_id or None, status=wanted,
+                flow_id=flow_id or None, status=wanted, asleep=asleep,
             ),
         )  # fmt: skip
+
+    async def explain(self, who: Principal, found: Sequence[Run]) -> None:
+        """Say why each active run of a list waits (:attr:`Run.waiting_for`), as the run's
+        own read would but in one read for all: a queued run's worker or flow control, a
+        sleeping run's step (a task's without who holds it, a parallel's without its parts'
+        counts: the run's page has those)."""
+        asleep = [r.run_id for r in found if r.status is RunStatus.RUNNING]
+        async with self._db.read() as conn:
+            steps = await runs_store.sleeping_steps(conn, asleep) if asleep else {}
+        for run in found:
+            if run.status is RunStatus.QUEUED:
+                run.waiting = waiting.why_queued(run)
+            elif run.run_id in steps:
+                step = steps[run.run_id]
+                why = waiting.why_sleeping(run, step)
+                if why is None and step.type == "task":
+                    task = step.output.get("task") if isinstance(step.output, dict) else None
+                    why = {"reason": "task", "step_id": step.step_id, "task": task}
+                run.waiting = why
 
     async def cancel(self, who: Principal, run_id: str) -> Run:
         """Cancel a run no worker holds at once; flag one a worker holds, which it then ends

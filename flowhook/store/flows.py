@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -220,6 +221,21 @@ async def current_version(conn: AsyncConnection, flow_id: str) -> int | None:
     """The flow's latest version, whoever owns it (for the engine's flow control)."""
     q = select(flows.c.version).where(flows.c.flow_id == flow_id)
     return (await conn.execute(q)).scalar_one_or_none()
+
+
+async def names_of(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, flow_ids: Sequence[str]
+) -> dict[str, str]:
+    """The name of each of ``flow_ids`` the workspace and mode own (archived ones too: their
+    runs still name them)."""
+    if not flow_ids:
+        return {}
+    q = select(flows.c.flow_id, flows.c.name).where(
+        flows.c.flow_id.in_(sorted(set(flow_ids))),
+        flows.c.workspace_id == workspace_id,
+        flows.c.mode == str(mode),
+    )
+    return {r.flow_id: r.name for r in (await conn.execute(q)).all()}
 
 
 async def paused_at(conn: AsyncConnection, flow_ids: list[str]) -> dict[str, datetime]:

@@ -31,6 +31,7 @@ from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from flowhook.store.models import DeliveryStatus, Mode, RunStatus
+from flowhook.store.runs import asleep_in
 from flowhook.store.tables import deliveries, flows, runs, webhook_endpoints
 from flowhook.store.types import UTCDateTime
 
@@ -118,6 +119,11 @@ class Backlog:
     deliveries_pending: int
     oldest_pending_at: datetime | None
     """When the oldest pending delivery was created."""
+    approvals_waiting: int = 0
+    """Runs (their own steps or their parts') asleep in an ``approval`` step: waiting for a
+    person."""
+    signals_waiting: int = 0
+    """Runs asleep in a ``wait`` step: waiting for a signal."""
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -292,10 +298,20 @@ async def backlog(conn: AsyncConnection, workspace_id: str, mode: Mode, now: dat
         select(func.min(created_at)).where(*pending).scalar_subquery().label("oldest_pending"),
     )
     row = (await conn.execute(q)).one()
+    asleep = (
+        await conn.execute(
+            select(
+                _capped(asleep_in(workspace_id, mode, "approval")).label("approvals"),
+                _capped(asleep_in(workspace_id, mode, "wait")).label("signals"),
+            )
+        )
+    ).one()
     return Backlog(
         runs_due=int(row.due),
         oldest_due_at=row.oldest,
         runs_later=int(row.later),
         deliveries_pending=int(row.pending),
         oldest_pending_at=row.oldest_pending,
+        approvals_waiting=int(asleep.approvals),
+        signals_waiting=int(asleep.signals),
     )

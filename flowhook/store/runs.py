@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import (
     Integer,
+    Select,
     and_,
     bindparam,
     func,
@@ -40,7 +41,7 @@ from flowhook.store import events as events_store
 from flowhook.store.deliveries import Handoff
 from flowhook.store.driver import Attached, driver_named, driver_of
 from flowhook.store.guards import ACTIVE_RUN, run_move
-from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep
+from flowhook.store.models import Event, Mode, Run, RunStatus, RunStep, StepStatus
 from flowhook.store.rows import owned, page
 from flowhook.store.tables import run_steps, runs
 
@@ -188,6 +189,36 @@ def _steps_statement() -> Any:
     return select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
 
 
+def asleep_in(workspace_id: str, mode: Mode, step_type: str) -> Select[Any]:
+    """The runs people see (``root_run_id`` of a part, else the run) that are running and
+    asleep in a step of ``step_type`` (their own, or one of a part's), each once."""
+    shown = func.coalesce(runs.c.root_run_id, runs.c.run_id)
+    return (
+        select(shown.label("run_id"))
+        .select_from(runs.join(run_steps, run_steps.c.run_id == runs.c.run_id))
+        .where(
+            runs.c.workspace_id == workspace_id,
+            runs.c.mode == mode.value,
+            runs.c.status == RunStatus.RUNNING.value,
+            run_steps.c.status == StepStatus.WAITING.value,
+            run_steps.c.type == step_type,
+        )
+        .distinct()
+    )
+
+
+async def sleeping_steps(conn: AsyncConnection, run_ids: Sequence[str]) -> dict[str, RunStep]:
+    """The step each of ``run_ids`` sleeps in (waiting, or retrying after a failed attempt),
+    for those that sleep: a list's runs, in one read."""
+    if not run_ids:
+        return {}
+    q = select(run_steps).where(
+        run_steps.c.run_id.in_(sorted(run_ids)),
+        run_steps.c.status.in_([str(StepStatus.WAITING), str(StepStatus.RETRYING)]),
+    )
+    return {r.run_id: RunStep.from_row(r) for r in (await conn.execute(q)).all()}
+
+
 async def _steps_of(conn: AsyncConnection, run_id: str) -> list[RunStep]:
     rows = (await conn.execute(_steps_statement(), {"run_id": run_id})).all()
     return [RunStep.from_row(r) for r in rows]
@@ -239,12 +270,16 @@ async def list_runs(
     after: str | None = None,
     flow_id: str | None = None,
     status: RunStatus | None = None,
+    asleep: str | None = None,
 ) -> list[Run]:
-    """Newest first, without steps; ``after`` is the last run id of the page before."""
+    """Newest first, without steps; ``after`` is the last run id of the page before.
+    ``asleep``: only running runs asleep in a step of that type (:func:`asleep_in`)."""
     q = page(
         RUN_COLUMNS, runs.c.run_id, workspace_id, mode, limit=limit, after=after,
         flow_id=flow_id, status=status,
     ).where(runs.c.root_run_id.is_(None))  # fmt: skip
+    if asleep is not None:
+        q = q.where(runs.c.run_id.in_(asleep_in(workspace_id, mode, asleep)))
     return [Run.from_row(r) for r in (await conn.execute(q)).all()]
 
 

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from flowhook.errors import NotFound
 from flowhook.events import EVENT_TYPES
 from flowhook.signing import build_headers, new_secret
 from flowhook.web.pages import Page, PageDep, redirect
@@ -49,9 +50,14 @@ async def delivery(delivery_id: str, p: Page = PageDep) -> Response:
         headers = "\n".join(
             f"{k}: {'(signature)' if 'ignature' in k else v}" for k, v in sample.items()
         )
+    try:
+        endpoint = await p.services.webhooks.get_endpoint(p.who, d.endpoint_id)
+    except NotFound:
+        endpoint = None  # deleted since
     return p.render(
         "delivery.html",
         d=d,
+        endpoint=endpoint,
         event=event,
         headers=headers,
         notice=p.request.query_params.get("notice"),

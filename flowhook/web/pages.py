@@ -24,6 +24,7 @@ from flowhook.service import Principal, Services
 from flowhook.serving.deps import ServicesDep
 from flowhook.store.sessions import WebSession
 from flowhook.web import charts
+from flowhook.web.words import clock_time, waiting_words
 
 __all__ = [
     "COOKIE",
@@ -66,6 +67,8 @@ templates.env.filters["num"] = charts.number
 templates.env.filters["millis"] = charts.millis
 templates.env.filters["age"] = charts.age
 templates.env.filters["size"] = charts.size
+templates.env.filters["waiting_words"] = waiting_words
+templates.env.filters["clock"] = clock_time
 
 
 class _SignIn(Exception):

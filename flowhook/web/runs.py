@@ -26,12 +26,14 @@ router = APIRouter(include_in_schema=False)
 async def runs(p: Page = PageDep) -> Response:
     q = p.request.query_params
     status = q.get("status") or None
+    waiting = q.get("waiting") if q.get("waiting") in _ASLEEP else None
     page_ = await p.services.runs.list(
         p.who,
         limit=50,
         cursor=q.get("cursor") or None,
         status=status,
         flow_id=q.get("flow_id") or None,
+        asleep=_ASLEEP[waiting] if waiting else None,
     )
     more = (
         "/runs?" + urlencode({**dict(q), "cursor": page_.next_cursor})
@@ -39,7 +41,17 @@ async def runs(p: Page = PageDep) -> Response:
         else None
     )
     template = "runs_table.html" if q.get("partial") else "runs.html"
-    return p.render(template, rows=page_.data, status=status or "", more=more, statuses=_STATUSES)
+    await p.services.runs.explain(p.who, page_.data)
+    names = await p.services.flows.names(p.who, [r.flow_id for r in page_.data])
+    return p.render(
+        template, rows=page_.data, status=status or "", more=more, statuses=_STATUSES,
+        flow_names=names, waiting=waiting or "",
+    )  # fmt: skip
+
+
+_ASLEEP = {"approval": "approval", "signal": "wait"}
+"""The runs list's ``?waiting=`` (the overview links to it): the step type those runs sleep
+in."""
 
 
 _STATUSES = [s.value for s in RunStatus]

@@ -50,19 +50,30 @@ def until(check: Any, timeout: float = 20.0) -> Any:
     return found
 
 
-def test_the_run_page_says_why_a_run_waits_for_every_reason(app: Server, page: Any) -> None:
-    key = app.value("sandbox key")
-    api = httpx.Client(base_url=app.base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+class Flows:
+    """Makes flows and starts runs over the API of a test's server (with its sandbox key)."""
 
-    def flow(definition: dict[str, Any]) -> str:
-        r = api.post("/api/v1/flows", json=definition)
+    def __init__(self, app: Server) -> None:
+        key = app.value("sandbox key")
+        self.api = httpx.Client(
+            base_url=app.base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+
+    def flow(self, definition: dict[str, Any]) -> str:
+        r = self.api.post("/api/v1/flows", json=definition)
         assert r.status_code == 201, r.text
         return str(r.json()["flow_id"])
 
-    def start(flow_id: str, payload: dict[str, Any] | None = None) -> str:
-        r = api.post("/api/v1/flows/execute", json={"flow_id": flow_id, "payload": payload or {}})
+    def start(self, flow_id: str, payload: dict[str, Any] | None = None) -> str:
+        body = {"flow_id": flow_id, "payload": payload or {}}
+        r = self.api.post("/api/v1/flows/execute", json=body)
         assert r.status_code == 202, r.text
         return str(r.json()["run_id"])
+
+
+def test_the_run_page_says_why_a_run_waits_for_every_reason(app: Server, page: Any) -> None:
+    made = Flows(app)
+    api, flow, start = made.api, made.flow, made.start
 
     def reason_of(run_id: str) -> str | None:
         why = api.get(f"/api/v1/flows/runs/{run_id}").json()["waiting_for"]
@@ -222,3 +233,22 @@ def test_an_endpoint_is_paused_and_resumed_from_its_page(
         assert "Resumed: held deliveries go." in page.inner_text("main")
         until(lambda: len(Hook.seen) == 2)
         assert api.get(f"/api/v1/webhooks/endpoints/{endpoint_id}").json()["paused"] is False
+
+
+def test_the_api_docs_load_from_the_package_with_no_request_elsewhere(
+    app: Server, page: Any
+) -> None:
+    """/api/v1/docs renders the OpenAPI document with Swagger UI served by Flowhook itself
+    (behind a firewall the page works): every request the page makes stays on this server,
+    and its Content-Security-Policy blocks nothing it does. The pages have a favicon."""
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    page.goto(f"{app.base}/api/v1/docs")
+    page.wait_for_selector(".opblock-tag", timeout=20_000)
+    assert "execute" in page.inner_text("#swagger-ui").lower()
+    assert asked and all(url.startswith(app.base) for url in asked), asked
+    shot(page, "api-docs")
+    r = httpx.get(f"{app.base}/static/favicon.svg")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    page.goto(f"{app.base}/signin")
+    assert page.get_attribute("link[rel=icon]", "href") == "/static/favicon.svg"

@@ -75,6 +75,14 @@ async def test_each_step_a_run_sleeps_in_says_what_for(api: Api, receiver: Recei
     assert (said["step_id"], said["attempt"]) == ("call_out", 2)
     assert datetime.fromisoformat(said["until"]) > datetime.now(UTC)
 
+    # the runs list says the same of each, read for the whole page at once
+    r = await api.get("/api/v1/flows/runs?limit=50")
+    listed = {x["run_id"]: x["waiting_for"] for x in r.json()["data"]}
+    expected = {delay: "delay", signal: "signal", approval: "approval", parent: "child",
+                fan: "parts", retry: "retry"}  # fmt: skip
+    assert {run_id: (listed[run_id] or {}).get("reason") for run_id in expected} == expected
+    assert listed[signal]["name"] == "order.paid" and listed[approval]["step_id"] == "boss"
+
 
 def test_a_queued_run_not_held_waits_for_a_worker_and_the_cli_says_each_reason() -> None:
     queued_at = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)

@@ -90,6 +90,7 @@ async def list_runs(
     ),
 ) -> Response:
     page = await services.runs.list(who, **paging, flow_id=flow_id, status=status)
+    await services.runs.explain(who, page.data)  # waiting_for, as each run's own read has it
     return page_response(page, lambda r: run_record(r, with_steps=False))
 
 

@@ -1,0 +1,114 @@
+"""Names where people think in names, and waiting shown as waiting, on the settings screen's
+lists (Playwright driving Debian's Chromium against a real `flowhook serve`, at 1280 and
+390 px): the runs list names each run's flow and says what a sleeping run waits for and
+where a failed one failed; the flows list links the name; deliveries name their endpoint;
+the overview counts the runs waiting for a person or a signal, linking to them.
+Screenshots: test-artifacts/screenshots/names-*.png (looked at)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any
+
+import pytest
+
+from tests.browser import shot
+from tests.e2e.test_browser import sign_in
+from tests.e2e.test_why_browser import Flows, app, until
+from tests.support import Server
+
+pytestmark = pytest.mark.e2e
+__all__ = ["app"]  # the fixture, used by name
+
+
+def test_lists_show_names_and_what_runs_wait_for(app: Server, page: Any) -> None:
+    made = Flows(app)
+    api, flow, start = made.api, made.flow, made.start
+
+    def record(run_id: str) -> dict[str, Any]:
+        return dict(api.get(f"/api/v1/flows/runs/{run_id}").json())
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    r = api.post(
+        "/api/v1/webhooks/endpoints",
+        json={"url": f"http://127.0.0.1:{closed}/hook", "events": ["flow.failed"],
+              "description": "Billing alerts"},
+    )  # fmt: skip
+    assert r.status_code == 201, r.text
+    refund = start(flow({"name": "Refund", "steps": [
+        {"id": "manager", "type": "approval", "message": "Refund 40 EUR?"}]}))  # fmt: skip
+    paid = start(flow({"name": "Ship when paid", "steps": [
+        {"id": "gate", "type": "wait", "signal": "order.paid"}]}))  # fmt: skip
+    nap = start(flow({"name": "Cool off", "steps": [
+        {"id": "nap", "type": "delay", "seconds": 3600}]}))  # fmt: skip
+    broken = start(flow({"name": "Charge card", "steps": [
+        {"id": "check", "type": "condition", "if": "{{ payload.amount > 0 }}", "else": "fail"}]}),
+        {"amount": -3})  # fmt: skip
+    until(lambda: record(refund)["waiting_for"] and record(paid)["waiting_for"])
+    until(lambda: record(nap)["waiting_for"] and record(broken)["status"] == "failed")
+    until(lambda: api.get("/api/v1/webhooks/deliveries").json()["data"])
+
+    sign_in(page, app)
+    page.goto(f"{app.base}/runs")
+    table = page.inner_text("#runs")
+    for name in ("Refund", "Ship when paid", "Cool off", "Charge card"):
+        assert name in table, table
+    assert "wf_" not in table  # every flow is named, not shown by id
+    status = {
+        run_id: page.inner_text(f"tr:has(a[href='/runs/{run_id}']) td[data-label=Status]")
+        for run_id in (refund, paid, nap, broken)
+    }
+    assert status[refund] == "waiting for approval"
+    assert status[paid] == "waiting for signal order.paid"
+    assert re.fullmatch(r"sleeping until \d\d:\d\d UTC|sleeping until \w+ \d+ \d\d:\d\d UTC",
+                        status[nap]), status[nap]  # fmt: skip
+    assert status[broken] == "failed"
+    failed_at = page.inner_text(f"tr:has(a[href='/runs/{broken}']) td[data-label='Failed at']")
+    assert failed_at.startswith("check: condition 'check' was false"), failed_at
+    shot(page, "names-runs")
+
+    page.goto(f"{app.base}/runs/{refund}")
+    assert page.inner_text("#run-status") == "waiting for approval"
+    assert page.get_attribute("#run-status", "data-status") == "running"
+
+    page.goto(f"{app.base}/overview")
+    assert page.inner_text("#tile-people .big") == "1"
+    assert "1 waiting for a signal" in page.inner_text("#tile-people")
+    shot(page, "names-overview")
+    page.click("#tile-people .big a")
+    page.wait_for_url(re.compile(r"/runs\?waiting=approval$"))
+    assert "Runs waiting for a person" in page.inner_text("h1")
+    rows = page.locator("#runs tbody tr").all_inner_texts()
+    assert len(rows) == 1 and "Refund" in rows[0], rows
+    page.goto(f"{app.base}/overview")
+    page.click("#signals-waiting")
+    page.wait_for_url(re.compile(r"/runs\?waiting=signal$"))
+    rows = page.locator("#runs tbody tr").all_inner_texts()
+    assert len(rows) == 1 and "Ship when paid" in rows[0], rows
+
+    page.goto(f"{app.base}/flows")
+    names = page.locator("a.flow-name").all_inner_texts()
+    assert {"Refund", "Ship when paid", "Cool off", "Charge card"} <= set(names), names
+    shot(page, "names-flows")
+
+    page.goto(f"{app.base}/deliveries?status=all")
+    assert "Billing alerts" in page.inner_text("main")
+    shot(page, "names-deliveries")
+    page.click("tbody tr a[href^='/deliveries/dlv_']")
+    assert f"http://127.0.0.1:{closed}/hook" in page.inner_text(".facts")
+    assert "(Billing alerts)" in page.inner_text(".facts")
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{app.base}/runs")
+    cell = page.locator(f"tr:has(a[href='/runs/{refund}']) td[data-label=Status]")
+    box = cell.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 390, box  # on screen
+    shot(page, "names-runs-390")
+    page.goto(f"{app.base}/overview")
+    shot(page, "names-overview-390")
+    for run_id in (refund, paid, nap):
+        api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    api.close()
