@@ -11,6 +11,7 @@ import re
 import socket
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser import shot
@@ -111,4 +112,58 @@ def test_lists_show_names_and_what_runs_wait_for(app: Server, page: Any) -> None
     shot(page, "names-overview-390")
     for run_id in (refund, paid, nap):
         api.post(f"/api/v1/flows/runs/{run_id}/cancel")
+    api.close()
+
+
+def test_the_triggers_page_shows_hooks_and_schedules_by_flow_name_and_acts_on_them(
+    app: Server, page: Any
+) -> None:
+    made = Flows(app)
+    api = made.api
+    flow_id = made.flow({"name": "Nightly report", "steps": [
+        {"id": "a", "type": "transform", "output": {}}]})  # fmt: skip
+    r = api.post("/api/v1/hooks", json={"flow_id": flow_id, "verify": {"type": "hmac"}})
+    assert r.status_code == 201, r.text
+    hook = r.json()
+    r = api.post("/api/v1/schedules", json={"flow_id": flow_id, "cron": "0 3 * * *"})
+    assert r.status_code == 201, r.text
+    schedule = r.json()
+
+    sign_in(page, app)
+    page.click("nav a[href='/settings/triggers']")
+    page.wait_for_url(re.compile(r"/settings/triggers$"))
+    hooks = page.inner_text("#hooks")
+    assert "a run of Nightly report" in hooks and hook["url"] in hooks and "hmac" in hooks
+    assert hook["verify"]["secret"] not in page.content()  # shown when made or rotated only
+    schedules = page.inner_text("#schedules")
+    assert "a run of Nightly report" in schedules and "0 3 * * *" in schedules
+    assert len(page.locator(f"tr[data-schedule='{schedule['id']}'] td.next div").all()) == 3
+    assert "wf_" not in hooks + schedules
+    shot(page, "triggers")
+
+    page.click(f"tr[data-hook='{hook['id']}'] button:text('Rotate')")
+    page.wait_for_selector("#rotated")
+    new_url = page.inner_text("#new-url")
+    assert new_url != hook["url"] and new_url.startswith(f"{app.base}/api/v1/hooks/hk_")
+    assert page.inner_text("#new-secret") not in ("", hook["verify"]["secret"])
+    assert httpx.post(hook["url"], json={}).status_code == 404  # the old URL is gone
+    shot(page, "triggers-rotated")
+
+    page.goto(f"{app.base}/settings/triggers")
+    page.click(f"tr[data-schedule='{schedule['id']}'] button:text('Pause')")
+    page.wait_for_url(re.compile(r"done=paused"))
+    assert "Paused" in page.inner_text(f"tr[data-schedule='{schedule['id']}']")
+    assert api.get(f"/api/v1/schedules/{schedule['id']}").json()["enabled"] is False
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "triggers-390")
+    page.click(f"tr[data-schedule='{schedule['id']}'] button:text('Resume')")
+    page.wait_for_url(re.compile(r"done=resumed"))
+    assert api.get(f"/api/v1/schedules/{schedule['id']}").json()["enabled"] is True
+    page.click(f"tr[data-schedule='{schedule['id']}'] button:text('Delete')")
+    page.wait_for_url(re.compile(r"done=deleted-schedule"))
+    page.click("#hooks button:text('Delete')")
+    page.wait_for_url(re.compile(r"done=deleted-hook"))
+    assert "No inbound hooks" in page.inner_text("#hooks")
+    assert "No schedules" in page.inner_text("#schedules")
+    assert httpx.post(new_url, json={}).status_code == 404
     api.close()
