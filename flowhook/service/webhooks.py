@@ -174,26 +174,38 @@ class WebhookService:
         if not is_id(endpoint_id, "ep"):
             raise missing("endpoint", endpoint_id)
         now = self._clock.now()
-        async with self._db.transaction() as conn:
+
+        async def pause(conn: Connection) -> None:
             if not await pausing.mark_endpoint(conn, who.workspace_id, who.mode, endpoint_id, now):
                 raise missing("endpoint", endpoint_id)
             await pausing.hold_deliveries(conn, endpoint_id, now)
+
+        await self._db.retrying(pause)  # a deadlock with a claim or completion: again
         return await self.get_endpoint(who, endpoint_id)
 
     async def resume_endpoint(self, who: Principal, endpoint_id: str) -> Endpoint:
         """Let the endpoint's held deliveries go, oldest first."""
         if not is_id(endpoint_id, "ep"):
             raise missing("endpoint", endpoint_id)
-        async with self._db.transaction() as conn:
+
+        async def resume(conn: Connection) -> None:
             if not await pausing.mark_endpoint(conn, who.workspace_id, who.mode, endpoint_id, None):
                 raise missing("endpoint", endpoint_id)
             await pausing.release_deliveries(conn, endpoint_id, self._clock.now())
+
+        await self._db.retrying(resume)
         return await self.get_endpoint(who, endpoint_id)
 
     async def delete_endpoint(self, who: Principal, endpoint_id: str) -> None:
         """Delete the endpoint; its pending deliveries fail (nowhere to send them), those it
         held (paused, or FIFO behind another) too: they are let go to fail."""
-        async with self._db.transaction() as conn:
+        if not is_id(endpoint_id, "ep"):
+            raise missing("endpoint", endpoint_id)
+
+        async def delete(conn: Connection) -> None:
+            # under its lock: a fan-out or put-back that read it paused has written its held
+            # rows by now (and sees it gone afterwards), so the release below reaches them
+            await deliveries_store.lock_endpoint(conn, endpoint_id)
             if not await endpoints_store.delete_endpoint(
                 conn, who.workspace_id, who.mode, endpoint_id
             ):
@@ -201,6 +213,8 @@ class WebhookService:
             now = self._clock.now()
             await deliveries_store.release_all(conn, endpoint_id, now)
             await pausing.release_deliveries(conn, endpoint_id, now)
+
+        await self._db.retrying(delete)
 
     async def rotate_secret(
         self, who: Principal, endpoint_id: str, grace_seconds: float | None = None
@@ -332,6 +346,10 @@ class WebhookService:
             paused = [endpoint.id] if endpoint.paused_at is not None else []
         # behind the ones in hand
         await deliveries_store.insert_deliveries(conn, [copy], fifo=fifo, paused=paused)
+        found = await delivery_reads.due_times(conn, copy.id)
+        if found is not None:  # as written: held, when its endpoint is paused or FIFO busy
+            copy.next_attempt_at, copy.due_at = found
+            await delivery_reads.explain_held(conn, [copy])
         return copy
 
     async def recover(

@@ -83,18 +83,32 @@ async def explain_held(conn: AsyncConnection, found: Sequence[Delivery]) -> None
         webhook_endpoints.c.id.in_(ids), webhook_endpoints.c.paused_at.is_not(None)
     )
     paused = {ep: at for ep, at in (await conn.execute(q)).all()}
-    behind = sorted({d.endpoint_id for d in held if d.endpoint_id not in paused})
+    followers = [d for d in held if d.endpoint_id not in paused and d.due_at == HELD]
     ahead: dict[str, str] = {}
-    if behind:  # a FIFO endpoint's one delivery not held behind another
-        q = select(_D.endpoint_id, _D.id).where(
-            _D.endpoint_id.in_(behind), text(PENDING_DELIVERY), _D.due_at != HELD
+    for endpoint_id in sorted({d.endpoint_id for d in followers}):
+        # the FIFO endpoint's delivery that goes first: pending and not held behind another
+        q = (
+            select(_D.id)
+            .where(_D.endpoint_id == endpoint_id, text(PENDING_DELIVERY), _D.due_at != HELD)
+            .order_by(_D.due_at)
+            .limit(1)
         )
-        ahead = {ep: delivery_id for ep, delivery_id in (await conn.execute(q)).all()}
+        first = (await conn.execute(q)).scalar()
+        if first is not None:
+            ahead[endpoint_id] = str(first)
     for d in held:
         if d.endpoint_id in paused:
             d.waiting_for = {"reason": "paused", "since": paused[d.endpoint_id]}
-        else:
+        elif d.due_at == HELD:
             d.waiting_for = {"reason": "fifo", "delivery_id": ahead.get(d.endpoint_id)}
+        # else: held for an endpoint resumed since this read began: it goes now
+
+
+async def due_times(conn: AsyncConnection, delivery_id: str) -> tuple[datetime, datetime] | None:
+    """A delivery's ``next_attempt_at`` and ``due_at`` as stored."""
+    q = select(_D.next_attempt_at, _D.due_at).where(_D.id == delivery_id)
+    row = (await conn.execute(q)).first()
+    return None if row is None else (row[0], row[1])
 
 
 def _of_run(

@@ -121,7 +121,8 @@ async def mark_endpoint(
     """Pause the endpoint at ``paused_at`` (kept if it is paused already) or, with ``None``,
     resume it, under its lock; whether the workspace and mode own an endpoint of that id."""
     await lock_endpoint(conn, endpoint_id)
-    value = None if paused_at is None else func.coalesce(_EP.paused_at, paused_at)
+    at = literal(paused_at, _EP.paused_at.type)  # stored as the column stores its times
+    value = None if paused_at is None else func.coalesce(_EP.paused_at, at)
     result = await conn.execute(
         update(webhook_endpoints)
         .where(owned(_EP.id, endpoint_id, workspace_id, mode))
@@ -137,17 +138,22 @@ def _pending_of(endpoint_id: str) -> tuple[Any, ...]:
 
 async def hold_deliveries(conn: AsyncConnection, endpoint_id: str, now: datetime) -> int:
     """Hold the endpoint's pending deliveries (those under a live lease are being sent: they
-    finish); how many. Call after :func:`mark_endpoint` paused it."""
-    result = await conn.execute(
-        update(deliveries)
-        .where(
-            *_pending_of(endpoint_id),
-            _D.next_attempt_at != HELD,
-            (_D.lease_expires_at.is_(None)) | (_D.lease_expires_at <= now),
-        )
-        .values(next_attempt_at=HELD)
+    finish); how many. A lease that ran out is taken back with them, so its holder can
+    neither renew it nor complete into the held row. The rows are locked first in id order,
+    as claims lock them (the lock order rule). Call after :func:`mark_endpoint` paused it."""
+    chosen = select(_D.id).where(
+        *_pending_of(endpoint_id),
+        _D.next_attempt_at != HELD,
+        (_D.lease_expires_at.is_(None)) | (_D.lease_expires_at <= now),
     )
-    return int(result.rowcount or 0)
+    ids = list((await conn.execute(driver_of(conn).locking(chosen.order_by(_D.id)))).scalars())
+    for start in range(0, len(ids), RESUME_BATCH):
+        await conn.execute(
+            update(deliveries)
+            .where(_D.id.in_(ids[start : start + RESUME_BATCH]), text(PENDING_DELIVERY))
+            .values(next_attempt_at=HELD, lease_owner=None, lease_expires_at=None)
+        )
+    return len(ids)
 
 
 async def release_deliveries(conn: AsyncConnection, endpoint_id: str, now: datetime) -> int:

@@ -27,7 +27,16 @@ __all__ = ["mount", "render_error"]
 def mount(app: FastAPI) -> None:
     """Add the pages' routes (after the API's) and what they need."""
     for page in (
-        approvals, signin, webhooks, secrets, triggers, deliveries, runs, flows, overview, workers,
+        approvals,
+        signin,
+        webhooks,
+        secrets,
+        triggers,
+        deliveries,
+        runs,
+        flows,
+        overview,
+        workers,
     ):
         app.include_router(page.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

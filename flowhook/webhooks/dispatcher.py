@@ -356,8 +356,9 @@ class Dispatcher(Consumer):
         the pause was on its way): hold it again, no attempt used, unless it was resumed
         since. Rare: a pause holds what is pending, and what is queued after it is queued
         held."""
-        async with self.db.transaction() as conn:
-            held = await pausing.put_back(conn, due.id, due.endpoint_id, due.attempts, self.owner)
+        held = await self.db.retrying(  # a deadlock broken by PostgreSQL: again
+            lambda conn: pausing.put_back(conn, due.id, due.endpoint_id, due.attempts, self.owner)
+        )
         if held:
             log.info("delivery %s: endpoint %s is paused; held again", due.id, due.endpoint_id)
         return held

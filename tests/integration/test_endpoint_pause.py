@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import sqlalchemy as sa
+
 from flowhook.clock import FakeClock
 from flowhook.service import Services
 from flowhook.store import pausing
@@ -236,3 +238,68 @@ async def test_deleting_a_paused_endpoint_fails_what_it_held_instead_of_keeping_
         await d.stop()
     page = await services.webhooks.list_deliveries(who, limit=5, cursor=None)
     assert [x.status for x in page.data] == ["failed", "failed"]
+
+
+async def test_a_pause_takes_back_a_lease_that_ran_out_so_its_holder_cannot_send(
+    services: Services, db: Database
+) -> None:
+    """A process claimed a delivery and went quiet past its lease: the pause holds the
+    delivery and takes the lease back, so that process can neither renew nor send it."""
+    from datetime import timedelta
+
+    from flowhook.store import delivery_queue
+
+    clock = FakeClock()
+    who, [ep] = await setup(services, clock, ["http://127.0.0.1:9/"])
+    await raise_event(db, who, clock)
+    async with db.transaction() as conn:
+        [claimed] = await delivery_queue.claim_deliveries(
+            conn, owner="gone", now=clock.now(), lease_until=clock.now() + timedelta(seconds=5),
+            limit=5, per_endpoint=5,
+        )  # fmt: skip
+    clock.advance(10)  # its lease ran out
+    await services.webhooks.pause_endpoint(who, ep)
+    async with db.transaction() as conn:
+        renewed = await delivery_queue.renew_delivery_lease(
+            conn, claimed.id, owner="gone", until=clock.now() + timedelta(seconds=5)
+        )
+    assert renewed is False
+    one, _ = await services.webhooks.get_delivery(who, claimed.id)
+    assert one.next_attempt_at == HELD and one.waiting_for is not None
+
+
+async def test_a_replay_to_a_paused_endpoint_is_answered_held(
+    services: Services, db: Database, receiver: Receiver
+) -> None:
+    clock = FakeClock()
+    who, [ep] = await setup(services, clock, [receiver.url])
+    await raise_event(db, who, clock)
+    d = dispatcher(db, clock)
+    await d.open()
+    try:
+        assert await pump(d) == 1
+    finally:
+        await d.stop()
+    [sent] = (await services.webhooks.list_deliveries(who, limit=5, cursor=None)).data
+    paused = await services.webhooks.pause_endpoint(who, ep)
+    copy = await services.webhooks.replay(who, sent.id)
+    assert copy.next_attempt_at == HELD
+    assert copy.waiting_for == {"reason": "paused", "since": paused.paused_at}
+
+
+async def test_the_pause_time_is_stored_as_every_time_is(
+    services: Services, db: Database, database_url: str
+) -> None:
+    """On SQLite times are integer microseconds; the pause's kept time too (a coalesce of a
+    plain datetime once wrote text)."""
+    clock = FakeClock()
+    who, [ep] = await setup(services, clock, ["http://127.0.0.1:9/"])
+    await services.webhooks.pause_endpoint(who, ep)
+    await services.webhooks.pause_endpoint(who, ep)
+    if database_url.startswith("sqlite"):
+        async with db.read() as conn:
+            kind = (
+                await conn.execute(sa.text("SELECT typeof(paused_at) FROM webhook_endpoints"))
+            ).scalar()
+        assert kind == "integer"
+    assert (await services.webhooks.get_endpoint(who, ep)).paused_at == clock.now()

@@ -22,6 +22,7 @@ from flowhook.api.models import (
 from flowhook.api.responses import ORJSONResponse
 from flowhook.service.webhooks import SUBSCRIBABLE
 from flowhook.store.models import Delivery, Endpoint, Event
+from flowhook.store.types import HELD
 
 router = APIRouter(tags=["webhooks"])
 
@@ -141,7 +142,9 @@ def delivery_record(d: Delivery) -> dict[str, Any]:
         "status": str(d.status),
         "attempts": d.attempts,
         "next_attempt_at": (
-            ts(d.next_attempt_at) if str(d.status) == "pending" and held is None else None
+            ts(d.next_attempt_at)
+            if str(d.status) == "pending" and held is None and d.next_attempt_at < HELD
+            else None
         ),
         "waiting_for": None if held is None else _held(held),
         "last_status_code": d.last_status_code,
