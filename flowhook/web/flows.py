@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from flowhook.errors import InvalidInput
 from flowhook.store.models import MAX_FLOW_VERSION
+from flowhook.web.graph import called_flows, flow_graph
 from flowhook.web.pages import Page, PageDep, first, redirect
 
 __all__ = ["router"]
@@ -29,7 +30,11 @@ async def flows(p: Page = PageDep) -> Response:
 async def flow(flow_id: str, p: Page = PageDep) -> Response:
     f = await p.services.flows.get(p.who, flow_id, _version(p.request.query_params.get("version")))
     versions = await p.services.flows.versions(p.who, flow_id)
-    return p.render("flow.html", f=f, versions=versions, error=None, payload="{\n  \n}")
+    names = await p.services.flows.names(p.who, called_flows(f.definition))
+    graph = flow_graph(f.definition, flow_names=names)
+    return p.render(
+        "flow.html", f=f, versions=versions, error=None, payload="{\n  \n}", graph=graph
+    )
 
 
 def _version(text: str | None) -> int | None:

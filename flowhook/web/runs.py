@@ -4,6 +4,7 @@ event stream), and what the page does to a run: cancel it, decide its approval, 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter
@@ -14,6 +15,7 @@ from flowhook.events import EVENT_TYPES
 from flowhook.service.sessions import session_hash
 from flowhook.serving.streams import open_run_stream
 from flowhook.store.models import RunStatus, RunStep
+from flowhook.web.graph import called_flows, flow_graph, step_states
 from flowhook.web.pages import COOKIE, Page, PageDep, first, redirect
 from flowhook.web.run_tree import run_view
 
@@ -82,11 +84,13 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     names = {c.flow_id: await _flow_name(p, c.flow_id) for c in children.values()}
     view = run_view(r, datetime.now(UTC))
     tasks = await p.services.tasks.of_run(p.who, run_id) if _has_tasks(r.steps) else []
+    graph = await _graph(p, r)
     return p.render(
         template,
         code,
         r=r,
         flow_name=await _flow_name(p, r.flow_id),
+        graph=graph,
         tree=view.tree,
         decidable=view.decidable,
         children=children,
@@ -99,6 +103,17 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
         between_steps=view.between_steps,
         tasks_at={t.idx: t for t in tasks if t.run_id == r.run_id},
     )
+
+
+async def _graph(p: Page, r: Any) -> Any:
+    """The run's flow version drawn, each step coloured by its status here (``None`` once
+    the flow is archived or gone)."""
+    try:
+        definition = (await p.services.flows.get(p.who, r.flow_id, r.flow_version)).definition
+    except NotFound:
+        return None
+    called = await p.services.flows.names(p.who, called_flows(definition))
+    return flow_graph(definition, flow_names=called, status=step_states(r.steps))
 
 
 def _has_tasks(steps: list[RunStep]) -> bool:

@@ -167,3 +167,54 @@ def test_the_triggers_page_shows_hooks_and_schedules_by_flow_name_and_acts_on_th
     assert "No schedules" in page.inner_text("#schedules")
     assert httpx.post(new_url, json={}).status_code == 404
     api.close()
+
+
+def test_the_flow_and_its_runs_are_drawn_as_a_graph(app: Server, page: Any) -> None:
+    """The flow page draws the steps (branches side by side, a map's steps in a box, a
+    sub-flow by its flow's name, a condition's jump as an arrow); a run's page draws the
+    same graph coloured by how each step went."""
+    made = Flows(app)
+    child = made.flow({"name": "Ship order", "steps": [
+        {"id": "label", "type": "transform", "output": {}}]})  # fmt: skip
+    flow_id = made.flow({"name": "Order pipeline", "steps": [
+        {"id": "check", "type": "condition", "if": "{{ payload.n > 0 }}", "else": "refuse"},
+        {"id": "enrich", "type": "parallel", "branches": {
+            "crm": [{"id": "crm_lookup", "type": "transform", "output": {"tier": "gold"}}],
+            "billing": [{"id": "terms", "type": "transform", "output": {"days": 30}},
+                        {"id": "limit", "type": "transform", "output": {"eur": 500}}]}},
+        {"id": "each", "type": "map", "items": "{{ payload.lines }}", "steps": [
+            {"id": "price", "type": "transform", "output": {"x": "{{ item }}"}}]},
+        {"id": "ship", "type": "flow", "flow_id": child},
+        {"id": "refuse", "type": "condition", "if": "{{ payload.n > 0 }}", "else": "fail"},
+    ]})  # fmt: skip
+    sign_in(page, app)
+    page.goto(f"{app.base}/flows/{flow_id}")
+    graph = page.locator("#graph svg.graph")
+    for step in ("check", "enrich", "crm_lookup", "terms", "limit", "each", "price", "ship"):
+        assert graph.locator(f"[data-step='{step}']").count() == 1, step
+    assert "calls Ship order" in (graph.text_content() or "")
+    assert graph.locator("path.jump").count() == 1  # check's else: skip to refuse
+    crm = graph.locator("[data-step='crm_lookup'] rect").bounding_box()
+    terms = graph.locator("[data-step='terms'] rect").bounding_box()
+    assert crm and terms and abs(crm["y"] - terms["y"]) < 1 and crm["x"] != terms["x"]
+    shot(page, "graph-flow")
+
+    ok = made.start(flow_id, {"n": 1, "lines": [1, 2]})
+    failed = made.start(flow_id, {"n": 0, "lines": []})
+    until(lambda: made.api.get(f"/api/v1/flows/runs/{ok}").json()["status"] == "completed")
+    until(lambda: made.api.get(f"/api/v1/flows/runs/{failed}").json()["status"] == "failed")
+    page.goto(f"{app.base}/runs/{failed}")
+    graph = page.locator("#graph svg.graph")  # open on a failed run
+    assert "failed" in (graph.locator("[data-step='refuse']").get_attribute("class") or "")
+    assert "completed" in (graph.locator("[data-step='check']").get_attribute("class") or "")
+    shot(page, "graph-run-failed")
+    page.goto(f"{app.base}/runs/{ok}")
+    page.click("#graph summary")
+    graph = page.locator("#graph svg.graph")
+    for step in ("check", "crm_lookup", "price", "ship"):
+        assert "completed" in (graph.locator(f"[data-step='{step}']").get_attribute("class") or "")
+    shot(page, "graph-run-completed")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{app.base}/flows/{flow_id}")
+    shot(page, "graph-flow-390")
+    made.api.close()
