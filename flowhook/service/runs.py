@@ -603,8 +603,10 @@ class RunService:
         sleeping run's step (a task's without who holds it, a parallel's without its parts'
         counts: the run's page has those)."""
         asleep = [r.run_id for r in found if r.status is RunStatus.RUNNING]
-        async with self._db.read() as conn:
-            steps = await runs_store.sleeping_steps(conn, asleep) if asleep else {}
+        steps = {}
+        if asleep:  # no read at all for a page with no running run
+            async with self._db.read() as conn:
+                steps = await runs_store.sleeping_steps(conn, asleep)
         for run in found:
             if run.status is RunStatus.QUEUED:
                 run.waiting = waiting.why_queued(run)
