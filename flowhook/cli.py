@@ -541,26 +541,55 @@ def keys_create(
     workspace: Annotated[
         str, typer.Option("--workspace", help="Created when missing.")
     ] = "default",
+    label: Annotated[
+        str | None,
+        typer.Option(
+            "--label", help='What the key is for, in words ("CI deploys"); ≤ 100 characters.'
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Create an API key; the key is printed once and stored only as a hash."""
     from flowhook.clock import SystemClock
-    from flowhook.service.auth import KeyService
+    from flowhook.errors import InvalidInput
+    from flowhook.service.auth import KeyService, clean_label
     from flowhook.store.models import Mode
 
     settings = _settings(database_url=database_url)
     if not workspace.strip() or len(workspace) > 200:
         err_console.print("[red]error:[/red] --workspace must be 1 to 200 characters")
         raise typer.Exit(2)
+    try:
+        label = clean_label(label)
+    except InvalidInput as exc:
+        err_console.print(f"[red]error:[/red] --label: {exc.message}")
+        raise typer.Exit(2) from None
     created = _with_db(
-        settings, lambda db: KeyService(db, SystemClock()).create(Mode(mode), workspace)
+        settings,
+        lambda db: KeyService(db, SystemClock()).create(Mode(mode), workspace, label=label),
     )
     if as_json:
-        print(json.dumps({"key": created.key, "workspace": workspace, "mode": str(mode)}))
+        print(
+            json.dumps(
+                {
+                    "key": created.key,
+                    "id": created.api_key.id,
+                    "workspace": workspace,
+                    "mode": str(mode),
+                    "label": label,
+                }
+            )
+        )
     else:
+        from rich.markup import escape
+
+        named = f', label "{escape(label)}"' if label else ""
         console.print(
-            f"{created.key}\n[dim]id {created.api_key.id}, workspace {workspace}, mode {mode}; shown once.[/dim]"
+            f"{created.key}\n[dim]id {created.api_key.id}, workspace {escape(workspace)}, "
+            f"mode {mode}{named}; shown once.[/dim]",
+            highlight=False,
+            soft_wrap=True,  # the key and the line beside it are never broken
         )
 
 
@@ -581,8 +610,10 @@ def keys_list(
             "id": k.id,
             "workspace": k.workspace_name,
             "mode": str(k.mode),
+            "label": k.label,
             "prefix": k.prefix + "…",
             "created_at": isoformat(k.created_at),
+            "last_used_at": isoformat(k.last_used_at) if k.last_used_at else None,
             "revoked_at": isoformat(k.revoked_at) if k.revoked_at else None,
         }
         for k in keys
@@ -590,11 +621,14 @@ def keys_list(
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table("id", "workspace", "mode", "prefix", "created", "revoked")
+    from rich.markup import escape
+
+    table = Table("id", "label", "workspace", "mode", "prefix", "created", "last used", "revoked")
     for r in rows:
         table.add_row(
-            r["id"], r["workspace"], r["mode"], r["prefix"], r["created_at"], r["revoked_at"] or ""
-        )
+            r["id"], escape(r["label"] or ""), r["workspace"], r["mode"], r["prefix"], r["created_at"],
+            r["last_used_at"] or "never", r["revoked_at"] or "",
+        )  # fmt: skip
     console.print(table)
 
 

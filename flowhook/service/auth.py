@@ -26,9 +26,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from flowhook.clock import Clock
-from flowhook.errors import NotFound, StoreUnavailable, Unauthenticated
+from flowhook.errors import InvalidInput, NotFound, StoreUnavailable, Unauthenticated
 from flowhook.ids import new_id
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.store import keys as keys_store
@@ -36,7 +37,18 @@ from flowhook.store.db import Database
 from flowhook.store.models import ApiKey, Mode, Workspace
 from flowhook.store.wakeup import PgListener, Wakeup
 
-__all__ = ["Principal", "KeyService", "hash_key", "CreatedKey", "RevocationWatch"]
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+__all__ = [
+    "Principal",
+    "KeyService",
+    "hash_key",
+    "CreatedKey",
+    "RevocationWatch",
+    "clean_label",
+    "MAX_LABEL",
+]
 
 log = logging.getLogger("flowhook")
 
@@ -63,6 +75,30 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+MAX_LABEL = 100
+"""The longest key label, in characters."""
+
+
+def clean_label(label: str | None) -> str | None:
+    """A key's label as stored: trimmed, ``None`` when blank; InvalidInput when it is longer
+    than :data:`MAX_LABEL` or holds a control character."""
+    if label is None or not label.strip():
+        return None
+    label = label.strip()
+    if len(label) > MAX_LABEL:
+        raise InvalidInput(f"a key's label is at most {MAX_LABEL} characters, not {len(label)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in label):
+        raise InvalidInput("a key's label must not hold control characters (tabs, new lines)")
+    return label
+
+
+def describe_key(key: ApiKey | None, key_id: str) -> str:
+    """How a key is named in words: ``key "CI deploys" (key_…)``, or ``key key_…``."""
+    if key is not None and key.label:
+        return f'key "{key.label}" ({key_id})'
+    return f"key {key_id}"
+
+
 def _new_secret(mode: Mode) -> str:
     token = base64.b32encode(secrets.token_bytes(20)).decode().lower()
     return f"sk_{mode}_{token}"
@@ -82,32 +118,96 @@ class KeyService:
         self._generation = 0
         """Bumped by :meth:`forget`: a lookup that raced a revocation is not remembered."""
         self._ended: list[Callable[[], None]] = []
+        self._used: set[str] = set()
+        """Keys that authenticated since :meth:`record_use` last wrote."""
 
-    async def create(self, mode: Mode, workspace: str = "default") -> CreatedKey:
-        """A new key for ``workspace`` (created when missing)."""
-        now = self._clock.now()
-        secret = _new_secret(mode)
+    async def create(
+        self, mode: Mode, workspace: str = "default", *, label: str | None = None
+    ) -> CreatedKey:
+        """A new key for ``workspace`` (created when missing), named ``label`` when given."""
+        label = clean_label(label)
         async with self._db.transaction() as conn:
             ws = await keys_store.get_workspace_by_name(conn, workspace)
             if ws is None:
-                ws = Workspace(new_id("ws"), workspace, now)
+                ws = Workspace(new_id("ws"), workspace, self._clock.now())
                 await keys_store.insert_workspace(conn, ws)
-            key_id = new_id("key")
-            await keys_store.insert_key(
-                conn,
-                key_id=key_id,
-                workspace_id=ws.id,
-                mode=mode,
-                prefix=secret[:12],
-                key_hash=hash_key(secret),
-                created_at=now,
-            )
-        api_key = ApiKey(key_id, ws.id, ws.name, mode, secret[:12], now, None)
-        return CreatedKey(secret, api_key)
+            return await self._insert(conn, ws.id, ws.name, mode, label)
+
+    async def create_for(self, who: Principal, label: str | None) -> CreatedKey:
+        """A new key in the caller's workspace and mode (the settings screen's Keys page: a
+        sandbox session cannot make a live key)."""
+        label = clean_label(label)
+        async with self._db.transaction() as conn:
+            ws = await keys_store.get_workspace(conn, who.workspace_id)
+            if ws is None:
+                raise NotFound("this workspace no longer exists")
+            return await self._insert(conn, ws.id, ws.name, who.mode, label)
+
+    async def _insert(
+        self, conn: AsyncConnection, ws_id: str, ws_name: str, mode: Mode, label: str | None
+    ) -> CreatedKey:
+        now = self._clock.now()
+        secret = _new_secret(mode)
+        key_id = new_id("key")
+        await keys_store.insert_key(
+            conn,
+            key_id=key_id,
+            workspace_id=ws_id,
+            mode=mode,
+            prefix=secret[:12],
+            key_hash=hash_key(secret),
+            created_at=now,
+            label=label,
+        )
+        return CreatedKey(
+            secret, ApiKey(key_id, ws_id, ws_name, mode, secret[:12], now, None, label)
+        )
+
+    async def list_for(self, who: Principal) -> list[ApiKey]:
+        """The keys of the caller's workspace, both modes, newest first."""
+        async with self._db.read() as conn:
+            keys = await keys_store.list_keys(conn, workspace_id=who.workspace_id)
+        return sorted(keys, key=lambda k: k.created_at, reverse=True)
+
+    async def revoke_for(self, who: Principal, key_id: str) -> ApiKey:
+        """Revoke a key of the caller's workspace and mode; NotFound for any other."""
+        async with self._db.transaction() as conn:
+            key = await keys_store.get_key(conn, key_id)
+            if key is None or key.workspace_id != who.workspace_id or key.mode != who.mode:
+                raise NotFound(f"no API key {key_id!r} in this workspace and mode")
+            key = await keys_store.revoke_key(conn, key_id, self._clock.now())
+        self.forget()
+        assert key is not None
+        return key
 
     async def list(self, workspace: str | None = None) -> list[ApiKey]:
         async with self._db.read() as conn:
             return await keys_store.list_keys(conn, workspace)
+
+    async def get(self, key_id: str) -> ApiKey | None:
+        async with self._db.read() as conn:
+            return await keys_store.get_key(conn, key_id)
+
+    async def describe(self, key_id: str) -> str:
+        """The key in words, with its label when it has one (for "approved by")."""
+        try:
+            key = await self.get(key_id)
+        except StoreUnavailable:
+            key = None
+        return describe_key(key, key_id)
+
+    async def record_use(self) -> None:
+        """Write when the keys that authenticated since the last call were last used: one
+        statement for all of them, off the request path (:class:`RevocationWatch` calls
+        this every half minute and when it stops)."""
+        used, self._used = self._used, set()
+        if not used:
+            return
+        try:
+            async with self._db.transaction() as conn:
+                await keys_store.mark_used(conn, used, self._clock.now())
+        except StoreUnavailable:
+            self._used |= used  # try again next time
 
     async def revoke(self, key_id: str) -> ApiKey:
         async with self._db.transaction() as conn:
@@ -155,6 +255,7 @@ class KeyService:
                 self._remember(digest, principal)
         if principal is None:
             raise Unauthenticated("unknown or revoked API key")
+        self._used.add(principal.key_id)
         if self._rate > 0:
             self._buckets.take(
                 principal.key_id, rate=self._rate, burst=2 * self._rate, what="with this API key"
@@ -187,12 +288,19 @@ class RevocationWatch:
     forgotten when it moved. On PostgreSQL a LISTEN on the keys channel also forgets at once
     when a revocation is announced; the marker read still bounds the delay when the
     listening connection was down (or silently half-open) at that moment.
+
+    Every ``use_interval`` it also writes when this process's keys were last used
+    (:meth:`KeyService.record_use`), and once more when it stops.
     """
 
-    def __init__(self, db: Database, keys: KeyService, *, interval: float = 0.5) -> None:
+    def __init__(
+        self, db: Database, keys: KeyService, *, interval: float = 0.5, use_interval: float = 30.0
+    ) -> None:
         self._db = db
         self._keys = keys
         self._every = interval
+        self._use_every = use_interval
+        self._use_due = time.monotonic() + use_interval
         self._wakeup = Wakeup()
         self._listener: PgListener | None = None
         self._task: asyncio.Task[None] | None = None
@@ -215,6 +323,10 @@ class RevocationWatch:
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
+        try:
+            await self._keys.record_use()
+        except Exception:
+            log.exception("recording when keys were last used failed")
 
     async def _marker(self) -> tuple[int, datetime | None] | None:
         try:
@@ -237,3 +349,9 @@ class RevocationWatch:
             if marker is not None and marker != self._seen:
                 self._keys.forget()
                 self._seen = marker
+            if time.monotonic() >= self._use_due:
+                self._use_due = time.monotonic() + self._use_every
+                try:
+                    await self._keys.record_use()
+                except Exception:
+                    log.exception("recording when keys were last used failed")

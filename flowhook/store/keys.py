@@ -15,6 +15,7 @@ from flowhook.store.tables import api_keys, workspaces
 __all__ = [
     "count_workspaces",
     "get_workspace_by_name",
+    "get_workspace",
     "insert_workspace",
     "insert_key",
     "find_key_by_hash",
@@ -22,6 +23,7 @@ __all__ = [
     "revoke_key",
     "get_key",
     "revocations",
+    "mark_used",
     "revoked_among",
     "announce_credentials",
     "KEYS_CHANNEL",
@@ -41,6 +43,11 @@ async def get_workspace_by_name(conn: AsyncConnection, name: str) -> Workspace |
     return Workspace(row.id, row.name, row.created_at) if row else None
 
 
+async def get_workspace(conn: AsyncConnection, workspace_id: str) -> Workspace | None:
+    row = (await conn.execute(select(workspaces).where(workspaces.c.id == workspace_id))).first()
+    return Workspace(row.id, row.name, row.created_at) if row else None
+
+
 async def insert_workspace(conn: AsyncConnection, ws: Workspace) -> None:
     await conn.execute(workspaces.insert().values(id=ws.id, name=ws.name, created_at=ws.created_at))
 
@@ -54,20 +61,22 @@ async def insert_key(
     prefix: str,
     key_hash: str,
     created_at: datetime,
+    label: str | None = None,
 ) -> None:
-    await conn.execute(
-        api_keys.insert().values(
-            id=key_id,
-            workspace_id=workspace_id,
-            mode=str(mode),
-            prefix=prefix,
-            key_hash=key_hash,
-            created_at=created_at,
-        )
-    )
+    values = {
+        "id": key_id,
+        "workspace_id": workspace_id,
+        "mode": str(mode),
+        "prefix": prefix,
+        "key_hash": key_hash,
+        "created_at": created_at,
+    }
+    if label is not None:  # (a key made with no label writes only what revision 0031 had)
+        values["label"] = label
+    await conn.execute(api_keys.insert().values(**values))
 
 
-_KEY_COLUMNS = (
+_AUTH_COLUMNS = (
     api_keys.c.id,
     api_keys.c.workspace_id,
     workspaces.c.name.label("workspace_name"),
@@ -77,6 +86,9 @@ _KEY_COLUMNS = (
     api_keys.c.revoked_at,
     api_keys.c.key_hash,
 )
+"""What authentication reads: no label, no last use (it needs neither)."""
+
+_KEY_COLUMNS = (*_AUTH_COLUMNS, api_keys.c.label, api_keys.c.last_used_at)
 
 
 def _key(row: object) -> ApiKey:
@@ -85,15 +97,19 @@ def _key(row: object) -> ApiKey:
 
 async def find_key_by_hash(conn: AsyncConnection, key_hash: str) -> tuple[ApiKey, str] | None:
     """The key whose SHA-256 is ``key_hash``, with the stored hash for a constant-time check."""
-    q = select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.key_hash == key_hash)
+    q = select(*_AUTH_COLUMNS).join(workspaces).where(api_keys.c.key_hash == key_hash)
     row = (await conn.execute(q)).first()
     return (_key(row), row.key_hash) if row else None
 
 
-async def list_keys(conn: AsyncConnection, workspace_name: str | None = None) -> list[ApiKey]:
+async def list_keys(
+    conn: AsyncConnection, workspace_name: str | None = None, *, workspace_id: str | None = None
+) -> list[ApiKey]:
     q = select(*_KEY_COLUMNS).join(workspaces).order_by(api_keys.c.id)
     if workspace_name is not None:
         q = q.where(workspaces.c.name == workspace_name)
+    if workspace_id is not None:
+        q = q.where(api_keys.c.workspace_id == workspace_id)
     return [_key(r) for r in (await conn.execute(q)).all()]
 
 
@@ -119,6 +135,20 @@ async def get_key(conn: AsyncConnection, key_id: str) -> ApiKey | None:
         await conn.execute(select(*_KEY_COLUMNS).join(workspaces).where(api_keys.c.id == key_id))
     ).first()
     return _key(row) if row else None
+
+
+async def mark_used(conn: AsyncConnection, key_ids: set[str], now: datetime) -> None:
+    """Record that ``key_ids`` were used by ``now`` (a later time already recorded stays)."""
+    if not key_ids:
+        return
+    await conn.execute(
+        update(api_keys)
+        .where(
+            api_keys.c.id.in_(sorted(key_ids)),
+            (api_keys.c.last_used_at.is_(None)) | (api_keys.c.last_used_at < now),
+        )
+        .values(last_used_at=now)
+    )
 
 
 async def revocations(conn: AsyncConnection) -> tuple[int, datetime | None]:

@@ -179,6 +179,8 @@ class ApiKey:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    label: str | None = None
+    last_used_at: datetime | None = None
 
 
 MAX_FLOW_VERSION = 2_000_000_000

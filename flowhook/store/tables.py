@@ -121,6 +121,8 @@ api_keys = Table(
     Column("key_hash", String(64), nullable=False, unique=True),
     _at("created_at"),
     _at("revoked_at", required=False),
+    Column("label", String(100)),  # what the key is for, in words (0032)
+    _at("last_used_at", required=False),  # written at most every half minute per process
 )
 
 flows = Table(

@@ -143,7 +143,7 @@ async def run_decide(run_id: str, step_id: str, p: Page = PageDep) -> Response:
     try:
         await p.services.approvals.decide(
             p.who, run_id, step_id, approve=approve, comment=first(fields, "comment") or None,
-            by=f"the settings screen (key {p.who.key_id})",
+            by=f"the settings screen ({await p.services.keys.describe(p.who.key_id)})",
         )  # fmt: skip
     except (Conflict, InvalidInput) as exc:
         return await _run_page(p, run_id, 409 if isinstance(exc, Conflict) else 400, exc.message)

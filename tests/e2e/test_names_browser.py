@@ -218,3 +218,54 @@ def test_the_flow_and_its_runs_are_drawn_as_a_graph(app: Server, page: Any) -> N
     page.goto(f"{app.base}/flows/{flow_id}")
     shot(page, "graph-flow-390")
     made.api.close()
+
+
+def test_the_keys_page_makes_a_labelled_key_shown_once_and_revokes_it(
+    app: Server, page: Any
+) -> None:
+    """Keys by label, mode, prefix and last use; a new key in the session's mode, shown once,
+    named by its label in "approved by"; revoking it refuses it at once."""
+    sign_in(page, app)
+    page.click("nav a[href='/settings/keys']")
+    page.wait_for_url(re.compile(r"/settings/keys$"))
+    listed = page.inner_text("#keys")
+    assert "sandbox" in listed and "live" in listed and "this session" in listed
+    assert "None" not in listed.split() and app.value("sandbox key") not in page.content()
+    page.fill("#label", "Release bot")
+    page.click("#create-key button[type=submit]")
+    page.wait_for_selector("#created-key")
+    key = page.inner_text("#new-key")
+    assert key.startswith("sk_test_") and '"Release bot"' in page.inner_text("#created-key")
+    row = page.locator("tr:has-text('Release bot')")
+    assert "sandbox" in row.inner_text() and key[:12] in row.inner_text()
+    assert "never" in row.inner_text()
+    shot(page, "keys")
+    page.goto(f"{app.base}/settings/keys")
+    assert key not in page.content()  # shown once
+
+    bot = httpx.Client(base_url=app.base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    made = Flows(app)
+    run_id = made.start(made.flow({"name": "Refund", "steps": [
+        {"id": "manager", "type": "approval", "message": "Refund?"}]}))  # fmt: skip
+    until(lambda: made.api.get(f"/api/v1/flows/runs/{run_id}").json()["waiting_for"])
+    r = bot.post(f"/api/v1/flows/runs/{run_id}/steps/manager/approve")
+    assert r.status_code == 200, r.text
+    assert r.json()["decided_by"].startswith('key "Release bot" (key_')
+    page.goto(f"{app.base}/runs/{run_id}")
+    assert 'key "Release bot"' in page.inner_text("main")
+
+    page.goto(f"{app.base}/settings/keys")
+    page.fill("#label", "x" * 100 + "\t")  # trimmed: 100 characters pass
+    page.click("#create-key button[type=submit]")
+    page.wait_for_selector("#created-key")
+    page.goto(f"{app.base}/settings/keys")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "keys-390")
+    page.click("tr:has-text('Release bot') button:text('Revoke')")
+    page.wait_for_url(re.compile(r"revoked=key_"))
+    assert "Revoked" in page.inner_text("tr:has-text('Release bot')")
+    assert bot.get("/api/v1/flows").status_code == 401
+    live_row = page.locator("tr[data-key]", has_text="live").first
+    assert live_row.locator("button").count() == 0  # a sandbox session cannot revoke live keys
+    bot.close()
+    made.api.close()

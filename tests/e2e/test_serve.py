@@ -4,6 +4,7 @@ a run started with the spec's request and polled as SPEC §4.2 shows."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -75,18 +76,37 @@ def test_keys_create_json_for_scripts(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     body = json.loads(out.stdout)
-    assert set(body) == {"key", "workspace", "mode"}
+    assert set(body) == {"key", "id", "workspace", "mode", "label"}
     assert (
         body["key"].startswith("sk_live_") and body["workspace"] == "ops" and body["mode"] == "live"
     )
+    assert body["label"] is None
+    labelled = subprocess.run(
+        [FLOWHOOK, "keys", "create", "--mode", "test", "--workspace", "ops", "--label",
+         "  CI [deploys]  ", "--database-url", url],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert 'label "CI [deploys]"' in labelled.stdout  # trimmed; brackets printed as written
     listed = subprocess.run(
         [FLOWHOOK, "keys", "list", "--json", "--database-url", url],
         capture_output=True,
         text=True,
         check=True,
     )
-    [row] = json.loads(listed.stdout)
+    row, named = json.loads(listed.stdout)
+    assert row["id"] == body["id"] and row["label"] is None and row["last_used_at"] is None
+    assert named["label"] == "CI [deploys]" and named["mode"] == "test"
     assert body["key"] not in listed.stdout
+    table = subprocess.run(
+        [FLOWHOOK, "keys", "list", "--database-url", url], capture_output=True, text=True,
+        env={**os.environ, "COLUMNS": "200"}, check=True,
+    )  # fmt: skip
+    assert "CI [deploys]" in table.stdout and "never" in table.stdout
+    too_long = subprocess.run(
+        [FLOWHOOK, "keys", "create", "--mode", "test", "--label", "x" * 101, "--database-url", url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert too_long.returncode == 2 and "at most 100 characters" in too_long.stderr
     revoked = subprocess.run(
         [FLOWHOOK, "keys", "revoke", row["id"], "--database-url", url],
         capture_output=True,

@@ -399,10 +399,12 @@ async def _everything(db: Database) -> dict[str, list[dict[str, Any]]]:
 
 ADDED_LATER = {
     "run_trees", ("runs", "tree_run_id"), "tasks", "workers", ("flows", "slug"), "step_secrets",
-    ("flows", "paused_at"), ("webhook_endpoints", "paused_at"),
+    ("flows", "paused_at"), ("webhook_endpoints", "paused_at"), ("api_keys", "label"),
+    ("api_keys", "last_used_at"),
 }  # fmt: skip
 """Tables and (table, column)s of revisions after 0024 (0025: run trees; 0027: tasks; 0028:
-flows' slugs; 0029: step secrets; 0030: flows' pause; 0031: endpoints' pause)."""
+flows' slugs; 0029: step secrets; 0030: flows' pause; 0031: endpoints' pause; 0032: keys'
+labels and last use)."""
 
 
 def _unordered(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:

@@ -58,7 +58,7 @@ async def _decide(
         step_id,
         approve=approve,
         comment=body.comment if body else None,
-        by=f"key {who.key_id}",
+        by=await services.keys.describe(who.key_id),
     )
     return ORJSONResponse(decision_record(decided))
 
