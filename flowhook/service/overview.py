@@ -4,6 +4,7 @@ for the settings screen's landing page."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -51,6 +52,19 @@ def bucket_starts(now: datetime, width: timedelta, count: int) -> list[datetime]
     return [last - width * i for i in range(count - 1, -1, -1)]
 
 
+def _with_waiting(buckets: list[Bucket], asleep: list[datetime], width: timedelta) -> list[Bucket]:
+    """``buckets`` with the runs of ``asleep`` (when each was queued, sorted) that each
+    holds counted as waiting."""
+    return [
+        replace(
+            b,
+            waiting=bisect.bisect_left(asleep, b.start + width)
+            - bisect.bisect_left(asleep, b.start),
+        )
+        for b in buckets
+    ]
+
+
 class OverviewService:
     def __init__(self, db: Database, clock: Clock, disk: DiskService | None = None) -> None:
         self._db = db
@@ -68,6 +82,8 @@ class OverviewService:
         now = self._clock.now()
         ws, mode = who.workspace_id, who.mode
 
+        day_start = bucket_starts(now, HOUR, 24)[0]
+
         async def by_hour() -> list[Bucket]:
             starts, found = bucket_starts(now, HOUR, 24), []
             async with self._db.read() as conn:
@@ -76,7 +92,7 @@ class OverviewService:
                     await asyncio.sleep(0)
             return found
 
-        async def the_rest() -> Overview:
+        async def the_rest(asleep: list[datetime]) -> Overview:
             async with self._db.read() as conn:
                 hour = await store.run_buckets(
                     conn, ws, mode, bucket_starts(now, MINUTE, 60), MINUTE
@@ -89,8 +105,13 @@ class OverviewService:
                 endpoints = await store.endpoint_rates(conn, ws, mode, now - DAY)
                 backlog = await store.backlog(conn, ws, mode, now)
                 storage = await space.storage(conn)
+                asleep += await store.asleep_since(conn, ws, mode, day_start)
             return Overview(now, hour, [], durations, more, endpoints, backlog, storage)
 
-        day, rest = await asyncio.gather(by_hour(), the_rest())
+        asleep: list[datetime] = []
+        day, rest = await asyncio.gather(by_hour(), the_rest(asleep))
+        asleep.sort()
+        day = _with_waiting(day, asleep, HOUR)
+        rest = replace(rest, last_hour=_with_waiting(rest.last_hour, asleep, MINUTE))
         use = await self._disk.status() if self._disk is not None else None
         return replace(rest, last_day=day, disk=use)

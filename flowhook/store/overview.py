@@ -30,9 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from flowhook.store.models import DeliveryStatus, Mode, RunStatus
+from flowhook.store.models import DeliveryStatus, Mode, RunStatus, StepStatus
 from flowhook.store.runs import asleep_in
-from flowhook.store.tables import deliveries, flows, runs, webhook_endpoints
+from flowhook.store.tables import deliveries, flows, run_steps, runs, webhook_endpoints
 from flowhook.store.types import UTCDateTime
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "EndpointRate",
     "Backlog",
     "run_buckets",
+    "asleep_since",
     "flow_durations",
     "endpoint_rates",
     "backlog",
@@ -66,6 +67,9 @@ class Bucket:
 
     start: datetime
     counts: dict[RunStatus, int]
+    waiting: int = 0
+    """Of the running ones, how many sleep in a step now (an approval, a signal, a delay;
+    their own step or one of their parts'): :func:`asleep_since` counts them."""
 
     @property
     def total(self) -> int:
@@ -174,6 +178,31 @@ async def run_buckets(
         for row in (await conn.execute(q)).all()
     }
     return [Bucket(s, found[s]) for s in starts]
+
+
+async def asleep_since(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, since: datetime
+) -> list[datetime]:
+    """When each run queued since ``since`` that sleeps now was queued: running, with a
+    step of its own or of one of its parts waiting (an approval, a signal, a delay). Read
+    from the waiting step records, which are few beside the runs."""
+    shown = func.coalesce(runs.c.root_run_id, runs.c.run_id)
+    asleep = (
+        select(shown)
+        .select_from(runs.join(run_steps, run_steps.c.run_id == runs.c.run_id))
+        .where(
+            runs.c.workspace_id == workspace_id,
+            runs.c.mode == mode.value,
+            runs.c.status == RunStatus.RUNNING.value,
+            run_steps.c.status == StepStatus.WAITING.value,
+        )
+    )
+    q = select(runs.c.queued_at).where(
+        runs.c.run_id.in_(asleep),
+        runs.c.status == RunStatus.RUNNING.value,
+        runs.c.queued_at >= since,
+    )
+    return [row[0] for row in (await conn.execute(q)).all()]
 
 
 async def flow_durations(

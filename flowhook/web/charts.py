@@ -19,6 +19,7 @@ from flowhook.store.overview import Bucket
 
 __all__ = [
     "STACK_ORDER",
+    "chart_counts",
     "StackedChart",
     "stacked",
     "nice_ceiling",
@@ -29,14 +30,21 @@ __all__ = [
     "share",
 ]
 
-STACK_ORDER: tuple[RunStatus, ...] = (
-    RunStatus.COMPLETED,
-    RunStatus.FAILED,
-    RunStatus.CANCELLED,
-    RunStatus.RUNNING,
-    RunStatus.QUEUED,
-)
-"""Bottom to top; the legend lists them in this order too."""
+STACK_ORDER: tuple[str, ...] = ("completed", "failed", "cancelled", "running", "waiting", "queued")
+"""Bottom to top; the legend lists them in this order too. ``waiting`` is the part of the
+running runs asleep in a step (an approval, a signal, a delay): a run waiting for a person is
+not shown as working."""
+
+
+def chart_counts(bucket: Bucket) -> dict[str, int]:
+    """A bucket's runs by what the chart shows: its statuses, with the running ones that
+    sleep counted as ``waiting``."""
+    counts = {s.value: bucket.counts.get(s, 0) for s in RunStatus}
+    waiting = min(bucket.waiting, counts[RunStatus.RUNNING.value])
+    counts[RunStatus.RUNNING.value] -= waiting
+    counts["waiting"] = waiting
+    return counts
+
 
 HEIGHT = 176
 TOP = 12
@@ -108,19 +116,20 @@ def stacked(
         label = _span(bucket.start, width, time_format)
         y = float(BASE)
         segments = []
+        shown = chart_counts(bucket)
         for status in STACK_ORDER:
-            n = bucket.counts.get(status, 0)
+            n = shown[status]
             if n:
                 h = n * scale
                 y -= h
-                segments.append(Segment(status.value, round(y, 2), round(h, 2), n))
+                segments.append(Segment(status, round(y, 2), round(h, 2), n))
         bar = Bar(round(i * slot + slot * 0.1, 3), round(slot * 0.8, 3), label,
                   _summary(label, bucket), segments, bucket.total)  # fmt: skip
         bars.append(bar)
         if bucket.total:
-            counts = {s.value: bucket.counts.get(s, 0) for s in STACK_ORDER}
-            rows.append((label.removesuffix(" UTC"), counts, bucket.total))
-    totals = {s.value: sum(b.counts.get(s, 0) for b in buckets) for s in STACK_ORDER}
+            rows.append((label.removesuffix(" UTC"), shown, bucket.total))
+    every = [chart_counts(b) for b in buckets]
+    totals = {s: sum(c[s] for c in every) for s in STACK_ORDER}
     busiest = max(zip(buckets, bars, strict=True), key=lambda p: p[0].total, default=None)
     ticks = [(round(BASE - f * (BASE - TOP), 2), number(int(top * f))) for f in (0, 0.5, 1)]
     if top == 1:
@@ -148,7 +157,8 @@ def _span(start: datetime, width: timedelta, time_format: str) -> str:
 def _summary(label: str, bucket: Bucket) -> str:
     if not bucket.total:
         return f"{label}: no runs"
-    parts = [f"{number(bucket.counts[s])} {s.value}" for s in STACK_ORDER if bucket.counts.get(s)]
+    shown = chart_counts(bucket)
+    parts = [f"{number(shown[s])} {s}" for s in STACK_ORDER if shown[s]]
     runs = "run" if bucket.total == 1 else "runs"
     return f"{label}: {number(bucket.total)} {runs} ({', '.join(parts)})"
 

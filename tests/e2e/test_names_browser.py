@@ -76,6 +76,10 @@ def test_lists_show_names_and_what_runs_wait_for(app: Server, page: Any) -> None
     assert page.get_attribute("#run-status", "data-status") == "running"
 
     page.goto(f"{app.base}/overview")
+    legend = page.inner_text("#runs-hour .legend")
+    assert "Waiting\n3" in legend.replace(" ", "\n") and "Running\n0" in legend.replace(" ", "\n")
+    assert page.locator("#runs-hour rect.s-waiting").count() >= 1
+    assert page.locator("#runs-hour rect.s-running").count() == 0
     assert page.inner_text("#tile-people .big") == "1"
     assert "1 waiting for a signal" in page.inner_text("#tile-people")
     shot(page, "names-overview")

@@ -19,8 +19,9 @@ from flowhook.service.overview import OverviewService, bucket_starts
 from flowhook.store import overview as overview_store
 from flowhook.store.db import Database
 from flowhook.store.models import Mode, RunStatus
-from flowhook.store.tables import deliveries, runs
+from flowhook.store.tables import deliveries, run_steps, runs
 from flowhook.store.types import HELD
+from flowhook.web.charts import chart_counts
 
 NOW = datetime(2026, 11, 24, 10, 30, 20, 500000, tzinfo=UTC)
 FLOW: dict[str, Any] = {
@@ -137,6 +138,42 @@ async def test_runs_are_counted_per_minute_and_hour_by_status(
     }  # fmt: skip
     assert sum(b.total for b in got.last_day) == 10
     assert (await _overview(services).get(other)).last_hour[-2].counts[S.COMPLETED] == 1
+
+
+async def test_runs_asleep_in_a_step_are_counted_as_waiting_not_running(
+    services: Services, db: Database
+) -> None:
+    """A running run with a waiting step of its own, or of one of its parts, is drawn as
+    waiting; one mid-step is running; another workspace's sleepers count for it alone."""
+    who = await _who(services)
+    other = await _who(services, name="globex")
+    flow = (await services.flows.create(who, FLOW)).flow_id
+    at = NOW - timedelta(seconds=5)
+    asleep, part_parent, busy, part = (
+        _run(who, flow, "running", at), _run(who, flow, "running", at),
+        _run(who, flow, "running", at), None,
+    )  # fmt: skip
+    part = _run(who, flow, "running", at, part_of=part_parent["run_id"])
+    theirs = _run(other, flow, "running", at)
+    await _insert(db, runs, [asleep, part_parent, busy, part, theirs])
+
+    def step(run: dict[str, Any], status: str, kind: str = "approval") -> dict[str, Any]:
+        return {"run_id": run["run_id"], "idx": 0, "step_id": "s", "type": kind,
+                "status": status, "attempts": 1}  # fmt: skip
+
+    await _insert(db, run_steps, [
+        step(asleep, "waiting"), step(part, "waiting", "wait"), step(busy, "running", "http"),
+        step(theirs, "waiting", "delay"),
+    ])  # fmt: skip
+
+    got = await _overview(services).get(who)
+    [now_minute] = [b for b in got.last_hour if b.total]
+    assert now_minute.counts[RunStatus.RUNNING] == 3 and now_minute.waiting == 2
+    assert chart_counts(now_minute)["running"] == 1 and chart_counts(now_minute)["waiting"] == 2
+    [now_hour] = [b for b in got.last_day if b.total]
+    assert now_hour.waiting == 2
+    mine_elsewhere = [b for b in (await _overview(services).get(other)).last_hour if b.total]
+    assert [b.waiting for b in mine_elsewhere] == [1]
 
 
 # Durations
