@@ -23,6 +23,7 @@ __all__ = [
     "FlowhookError",
     "InvalidInput",
     "InvalidDefinition",
+    "InvalidPayload",
     "Unauthenticated",
     "Forbidden",
     "NotFound",
@@ -58,6 +59,15 @@ class InvalidInput(FlowhookError):
     def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
         super().__init__(message, code=code)
         self.field = field
+
+
+class InvalidPayload(InvalidInput):
+    """A run's payload that fails its flow's ``input_schema``: ``problems`` holds (field,
+    what is wrong) for each way it fails, the error's ``field`` is the first's."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]]) -> None:
+        super().__init__(message, field=problems[0][0] if problems else None)
+        self.problems = problems
 
 
 class InvalidDefinition(InvalidInput):

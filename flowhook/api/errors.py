@@ -101,6 +101,8 @@ def domain_error_response(exc: errors.FlowhookError) -> Response:
     problems = None
     if isinstance(exc, errors.InvalidDefinition):  # every problem, each where it lies
         problems = [{"field": p.field, "message": p.message} for p in exc.problems]
+    elif isinstance(exc, errors.InvalidPayload):  # every field the input_schema refused
+        problems = [{"field": field, "message": message} for field, message in exc.problems]
     return error_response(status, exc.message, exc.code, headers, problems)
 
 

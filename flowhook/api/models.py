@@ -107,7 +107,9 @@ def ts(value: datetime | None) -> str | None:
 
 
 class Problem(BaseModel):
-    field: str | None = Field(description="Where it lies, as `definition.steps[1].output`.")
+    field: str | None = Field(
+        description="Where it lies, as `definition.steps[1].output` or `payload.lines[2]`."
+    )
     message: str = Field(description="What is wrong there, in words a person can act on.")
 
 
@@ -117,7 +119,9 @@ class ErrorBody(BaseModel):
     errors: list[Problem] | None = Field(
         default=None,
         description="`invalid_definition`: every problem of the definition, each told where "
-        "it lies (one for each step or field at fault); `error` is the first's.",
+        "it lies (one for each step or field at fault); `error` is the first's. A payload "
+        "that fails its flow's `input_schema` (`invalid_request`) lists each field at fault "
+        "the same way (`payload.amount`).",
     )
 
 

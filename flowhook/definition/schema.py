@@ -242,6 +242,12 @@ FLOW_SCHEMA: dict[str, Any] = {
             "`flowhook flows apply` and `GET /api/v1/flows?slug=` find it by.",
         },
         "description": {"type": "string", "maxLength": 2000},
+        "input_schema": {
+            "type": "object",
+            "description": "A JSON Schema (draft 2020-12) every run's payload must meet: an "
+            "execute whose payload fails it answers 400 naming the field, and nothing is "
+            "stored. The flow's page builds its start form from it.",
+        },
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 2592000},
         "concurrency": {
             "description": "At most this many runs are running at once (per key value).",

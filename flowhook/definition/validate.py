@@ -22,6 +22,7 @@ from flowhook.definition.expressions import (
     expression_chars,
     referenced_steps,
 )
+from flowhook.definition.input_schema import schema_problems
 from flowhook.definition.requests import request_problem
 from flowhook.definition.schema import FLOW_SCHEMA, RESERVED_OUTPUT_FIELDS
 from flowhook.definition.secret_refs import SECRET_FIELDS, SecretUse, secret_names
@@ -201,6 +202,9 @@ def validate_definition(definition: Any, *, allow_private_targets: bool = False)
         if error is not None:
             problems.add(_schema_error(error, definition))
     problems.raise_any()  # what follows needs the schema's shape
+    if "input_schema" in definition:
+        for problem in schema_problems(definition["input_schema"]):
+            problems.add(problem)
     everything = list(_placed(definition["steps"]))
     first: dict[str, _Placed] = {}
     for placed in everything:

@@ -20,6 +20,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -27,6 +28,7 @@ import orjson
 
 from flowhook import tracing
 from flowhook.clock import Clock
+from flowhook.definition.input_schema import check_payload
 from flowhook.errors import Duplicate, FlowhookError, InvalidInput, NotFound, Unauthenticated
 from flowhook.events import make_event
 from flowhook.ids import is_id, new_id, new_secret_id
@@ -46,7 +48,7 @@ from flowhook.store.hooks import Hook
 from flowhook.store.models import Run, RunStatus
 from flowhook.store.signals import Signal
 
-__all__ = ["HookService", "Arrival", "DEFAULT_RATE_LIMIT"]
+__all__ = ["HookService", "Arrival", "Received", "DEFAULT_RATE_LIMIT"]
 
 DEFAULT_RATE_LIMIT = 600
 """Arrivals a minute per hook and process."""
@@ -78,6 +80,24 @@ class _Refused(FlowhookError):
         super().__init__(error.message)
         self.error = error
         self.reason = reason
+
+
+ARRIVALS_SHOWN = 3
+"""Arrivals the Triggers page shows per hook."""
+ARRIVALS_SCAN = 5000
+"""How many of a workspace's latest events the Triggers page looks through for arrivals."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One arrival at a hook, as its ``webhook.delivered`` event tells it."""
+
+    at: datetime
+    accepted: bool
+    reason: str | None
+    run_id: str | None
+    """The run it started (a flow's hook, accepted), else ``None``."""
+    size: int
 
 
 class HookService:
@@ -127,6 +147,30 @@ class HookService:
                 conn, who.workspace_id, who.mode, limit=n, after=after
             ),
         )  # fmt: skip
+
+    async def recent_arrivals(
+        self, who: Principal, *, per_hook: int = ARRIVALS_SHOWN, scan: int = ARRIVALS_SCAN
+    ) -> dict[str, tuple[Received, ...]]:
+        """Each hook's latest arrivals (``per_hook`` at most, newest first), accepted or
+        refused and why, from the ``webhook.delivered`` events among the scope's latest
+        ``scan`` events: the Triggers page's read, bounded however busy the workspace."""
+        async with self._db.read() as conn:
+            found = await events_store.latest_of_type(
+                conn, who.workspace_id, who.mode, "webhook.delivered", scan=scan
+            )
+        arrivals: dict[str, tuple[Received, ...]] = {}
+        for event in found:
+            body = orjson.loads(event.payload)
+            hook_id = str(body.get("hook_id"))
+            shown = arrivals.get(hook_id, ())
+            if len(shown) < per_hook:
+                size = int(body.get("size") or 0)
+                received = Received(
+                    event.created_at, bool(body.get("accepted")), body.get("reason"),
+                    event.run_id, size,
+                )  # fmt: skip
+                arrivals[hook_id] = (*shown, received)
+        return arrivals
 
     async def delete(self, who: Principal, hook_id: str) -> None:
         hook = await self.get(who, hook_id)
@@ -287,6 +331,9 @@ class HookService:
             flow = await flows_store.get_flow(conn, hook.workspace_id, hook.mode, hook.flow_id)
             if flow is None:
                 raise NotFound("the flow of this hook was archived")
+            schema = flow.definition.get("input_schema")
+            if schema is not None:  # 400 naming the fields; nothing of the arrival is kept
+                check_payload(flow.flow_id, flow.version, schema, arrival.payload)
             run = Run(
                 run_id=new_id("run"), workspace_id=hook.workspace_id, mode=hook.mode, flow_id=flow.flow_id,
                 flow_version=flow.version, trigger="webhook", status=RunStatus.QUEUED,

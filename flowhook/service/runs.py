@@ -20,6 +20,7 @@ from flowhook.definition.control import (
     debounce_due,
     debounce_open,
 )
+from flowhook.definition.input_schema import check_payload
 from flowhook.definition.schema import NESTING
 from flowhook.errors import Conflict, Duplicate, IdempotencyConflict, InvalidInput, StoreUnavailable
 from flowhook.events import cancelled_event, run_duration_ms
@@ -285,6 +286,13 @@ class RunService:
             if flow is None:
                 results.append(missing("flow", req.flow_id))
                 continue
+            schema = flow.definition.get("input_schema")
+            if schema is not None:
+                try:  # (compiled once per version; microseconds for a usual payload)
+                    check_payload(flow.flow_id, flow.version, schema, req.payload)
+                except InvalidInput as refused:
+                    results.append(refused)
+                    continue
             control = self._control(flow)
             self._remember(who, flow, control)
             keys = None
@@ -415,6 +423,9 @@ class RunService:
                     code="run_not_finished",
                 )
             flow = await self._rerun_version(conn, who, original, version)
+            schema = flow.definition.get("input_schema")
+            if payload is not None and schema is not None:  # a new payload meets it too
+                check_payload(flow.flow_id, flow.version, schema, payload)
             plan = plan_rerun(original, flow.definition["steps"], flow.version, from_step)
             run = Run(
                 run_id=new_id("run"),

@@ -21,6 +21,7 @@ __all__ = [
     "insert_events",
     "list_events_for_run",
     "list_events",
+    "latest_of_type",
     "get_event",
     "events_after",
     "event_ids_after",
@@ -188,6 +189,26 @@ async def list_events(
         events, events.c.id, workspace_id, mode, limit=limit, after=after,
         type=event_type, run_id=run_id,
     )  # fmt: skip
+    return [Event.from_row(r) for r in (await conn.execute(q)).all()]
+
+
+async def latest_of_type(
+    conn: AsyncConnection, workspace_id: str, mode: Mode, event_type: str, *, scan: int
+) -> list[Event]:
+    """The events of ``event_type`` among the scope's latest ``scan`` events, newest first:
+    a bounded read (an index range of ``scan`` entries), however many events the scope has."""
+    latest = (
+        select(events.c.id)
+        .where(events.c.workspace_id == workspace_id, events.c.mode == mode.value)
+        .order_by(events.c.id.desc())
+        .limit(scan)
+        .scalar_subquery()
+    )
+    q = (
+        select(events)
+        .where(events.c.id.in_(latest), events.c.type == event_type)
+        .order_by(events.c.id.desc())
+    )
     return [Event.from_row(r) for r in (await conn.execute(q)).all()]
 
 

@@ -10,10 +10,12 @@ import orjson
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from flowhook.definition.input_schema import payload_problems
 from flowhook.errors import InvalidInput
-from flowhook.store.models import MAX_FLOW_VERSION
+from flowhook.store.models import MAX_FLOW_VERSION, Flow
 from flowhook.web.graph import called_flows, flow_graph
 from flowhook.web.pages import Page, PageDep, first, redirect
+from flowhook.web.start_form import FIELD_PREFIX, form_fields, payload_from_form
 
 __all__ = ["router"]
 
@@ -29,12 +31,23 @@ async def flows(p: Page = PageDep) -> Response:
 @router.get("/flows/{flow_id}")
 async def flow(flow_id: str, p: Page = PageDep) -> Response:
     f = await p.services.flows.get(p.who, flow_id, _version(p.request.query_params.get("version")))
-    versions = await p.services.flows.versions(p.who, flow_id)
+    return await _flow_page(p, f)
+
+
+async def _flow_page(
+    p: Page, f: Flow, status: int = 200, *, error: str | None = None, payload: str = "{\n  \n}",
+    problems: dict[str, str] | None = None, held: dict[str, str] | None = None,
+) -> Response:  # fmt: skip
+    """The flow's page: its start form (built from its ``input_schema`` when it has one),
+    its graph, definition and versions."""
+    versions = await p.services.flows.versions(p.who, f.flow_id)
     names = await p.services.flows.names(p.who, called_flows(f.definition))
     graph = flow_graph(f.definition, flow_names=names)
     return p.render(
-        "flow.html", f=f, versions=versions, error=None, payload="{\n  \n}", graph=graph
-    )
+        "flow.html", status, f=f, versions=versions, error=error, payload=payload, graph=graph,
+        fields=form_fields(f.definition.get("input_schema")), problems=problems or {},
+        held=held, prefix=FIELD_PREFIX,
+    )  # fmt: skip
 
 
 def _version(text: str | None) -> int | None:
@@ -81,15 +94,36 @@ def _payload(text: str) -> tuple[dict[str, Any] | None, str | None]:
 
 @router.post("/flows/{flow_id}/start")
 async def flow_start(flow_id: str, p: Page = PageDep) -> Response:
+    """Start a run with the payload of the form built from the flow's ``input_schema``
+    (``form=fields``) or typed as JSON; a payload the schema refuses shows each problem
+    beside its field, and nothing is started."""
     fields = await p.form()
-    text = first(fields, "payload", "{}") or "{}"
-    payload, error = _payload(text)
-    if payload is not None:
-        started = await p.services.runs.start(p.who, flow_id=flow_id, payload=payload)
-        return redirect(f"/runs/{started.run.run_id}")
     f = await p.services.flows.get(p.who, flow_id)
-    versions = await p.services.flows.versions(p.who, flow_id)
-    return p.render("flow.html", 400, f=f, versions=versions, error=error, payload=text)
+    schema = f.definition.get("input_schema")
+    if first(fields, "form") == "fields":
+        inputs = form_fields(schema)
+        payload, problems, held = payload_from_form(inputs, fields)
+        if not problems and schema is not None:
+            for where, message in payload_problems(f.flow_id, f.version, schema, payload):
+                name = where.removeprefix("payload.").split(".")[0].split("[")[0]
+                problems.setdefault(name, message)
+        if problems:
+            known = {i.name for i in inputs}
+            stray = [f"{n or 'the payload'}: {m}" for n, m in problems.items() if n not in known]
+            look = "; ".join(["Some fields need a look: each says why below", *stray]) + "."
+            return await _flow_page(p, f, 400, error=look, problems=problems, held=held)
+        text = json.dumps(payload, indent=2)
+    else:
+        text = first(fields, "payload", "{}") or "{}"
+        typed, wrong = _payload(text)
+        if typed is None:
+            return await _flow_page(p, f, 400, error=wrong, payload=text)
+        payload = typed
+    try:
+        started = await p.services.runs.start(p.who, flow_id=flow_id, payload=payload)
+    except InvalidInput as exc:
+        return await _flow_page(p, f, 400, error=exc.message, payload=text)
+    return redirect(f"/runs/{started.run.run_id}")
 
 
 @router.post("/flows/{flow_id}/pause")

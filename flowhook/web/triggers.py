@@ -40,11 +40,12 @@ async def _page(
         p.who, [h.flow_id for h in hooks if h.flow_id] + [s.flow_id for s in schedules]
     )
     fires = {s.id: _fire_times(s.cron, s.timezone, s.next_run_at) for s in schedules}
+    arrivals = await p.services.hooks.recent_arrivals(p.who) if hooks else {}
     settings = p.services.settings
     base = (settings.public_url or str(p.request.base_url)).rstrip("/")
     return p.render(
         "triggers.html", status, hooks=hooks, schedules=schedules, flow_names=names,
-        fires=fires, base=base, notice=notice, error=error, rotated=rotated,
+        fires=fires, base=base, notice=notice, error=error, rotated=rotated, arrivals=arrivals,
     )  # fmt: skip
 
 

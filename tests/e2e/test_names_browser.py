@@ -132,6 +132,8 @@ def test_the_triggers_page_shows_hooks_and_schedules_by_flow_name_and_acts_on_th
     r = api.post("/api/v1/schedules", json={"flow_id": flow_id, "cron": "0 3 * * *"})
     assert r.status_code == 201, r.text
     schedule = r.json()
+    unsigned = httpx.post(hook["url"], json={"order": 1})  # hmac: refused, and kept as such
+    assert unsigned.status_code == 401, unsigned.text
 
     sign_in(page, app)
     page.click("nav a[href='/settings/triggers']")
@@ -142,6 +144,8 @@ def test_the_triggers_page_shows_hooks_and_schedules_by_flow_name_and_acts_on_th
     schedules = page.inner_text("#schedules")
     assert "a run of Nightly report" in schedules and "0 3 * * *" in schedules
     assert len(page.locator(f"tr[data-schedule='{schedule['id']}'] td.next div").all()) == 3
+    arrival = page.inner_text(f"tr[data-hook='{hook['id']}'] td.arrivals")
+    assert "refused" in arrival and "signature" in arrival, arrival
     assert "wf_" not in hooks + schedules
     shot(page, "triggers")
 
@@ -272,4 +276,63 @@ def test_the_keys_page_makes_a_labelled_key_shown_once_and_revokes_it(
     live_row = page.locator("tr[data-key]", has_text="live").first
     assert live_row.locator("button").count() == 0  # a sandbox session cannot revoke live keys
     bot.close()
+    made.api.close()
+
+
+def test_the_start_form_is_built_from_the_input_schema(app: Server, page: Any) -> None:
+    """A flow with an ``input_schema`` gets a form: an input per field with its title,
+    description and whether it is required; a refused payload shows each problem beside its
+    field and starts nothing; a good one starts the run with typed values."""
+    made = Flows(app)
+    flow_id = made.flow({
+        "name": "Refund order",
+        "input_schema": {
+            "type": "object",
+            "required": ["order_id", "amount"],
+            "properties": {
+                "order_id": {"type": "string", "title": "Order", "pattern": "^ord_[0-9]+$",
+                             "description": "As on the invoice: ord_ and digits."},
+                "amount": {"type": "number", "exclusiveMinimum": 0},
+                "reason": {"enum": ["damaged", "late", "other"]},
+                "rush": {"type": "boolean", "title": "Rush it"},
+                "lines": {"type": "array", "items": {"type": "integer"}},
+            },
+        },
+        "steps": [{"id": "a", "type": "transform", "output": {"x": "{{ payload }}"}}],
+    })  # fmt: skip
+    sign_in(page, app)
+    page.goto(f"{app.base}/flows/{flow_id}")
+    form = page.locator("#start-form")
+    assert "Order *" in form.inner_text() and "As on the invoice" in form.inner_text()
+    assert "amount *" in form.inner_text() and "reason (optional)" in form.inner_text()
+    page.fill("[data-field=order_id] input", "123")
+    page.fill("[data-field=amount] input", "-5")
+    page.fill("[data-field=lines] textarea", "[1, 2")
+    shot(page, "start-form")
+    page.click("#start-form button[type=submit]")
+    page.wait_for_selector("[data-field=lines] .problem")
+    assert "not valid JSON" in page.inner_text("[data-field=lines] .problem")
+    page.fill("[data-field=lines] textarea", '[1, "two"]')
+    page.click("#start-form button[type=submit]")
+    page.wait_for_selector("[data-field=order_id] .problem")
+    assert "^ord_[0-9]+$" in page.inner_text("[data-field=order_id] .problem")
+    assert "minimum" in page.inner_text("[data-field=amount] .problem")
+    assert "integer" in page.inner_text("[data-field=lines] .problem")
+    assert page.input_value("[data-field=order_id] input") == "123"  # what was typed stays
+    shot(page, "start-form-problems")
+    assert made.api.get("/api/v1/flows/runs").json()["data"] == []  # nothing started
+
+    page.fill("[data-field=order_id] input", "ord_77")
+    page.fill("[data-field=amount] input", "12.50")
+    page.select_option("[data-field=reason] select", "late")
+    page.check("[data-field=rush] input")
+    page.fill("[data-field=lines] textarea", "[1, 2]")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "start-form-390")
+    page.click("#start-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs/run_"))
+    run_id = page.url.rsplit("/", 1)[1]
+    run = made.api.get(f"/api/v1/flows/runs/{run_id}").json()
+    assert run["payload"] == {"order_id": "ord_77", "amount": 12.5, "reason": "late",
+                              "rush": True, "lines": [1, 2]}  # fmt: skip
     made.api.close()

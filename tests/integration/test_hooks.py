@@ -145,3 +145,29 @@ async def test_manage_hooks(api: Api) -> None:
     assert r.status_code == 404
     r = await api.post("/api/v1/hooks", {"flow_id": h["flow_id"], "verify": {"type": "magic"}})
     assert r.status_code == 400 and "verify.type" in r.json()["error"]
+
+
+async def test_recent_arrivals_per_hook_newest_first_from_a_bounded_read(api: Api) -> None:
+    """The Triggers page's arrivals: each hook's latest (three at most), accepted with its
+    run or refused with why; another hook's stay apart; only the latest ``scan`` events
+    are looked through."""
+    signed = await hook(api, verify={"type": "hmac"})
+    open_ = await hook(api)
+    for n in range(4):
+        r = await api.client.post(path(open_), json={"n": n})
+        assert r.status_code == 202
+        await api.wait(r.json()["run_id"])  # its events all written
+    assert (await api.client.post(path(signed), json={})).status_code == 401
+    services = api.app.state.services
+    who = await services.keys.authenticate(api.auth()["Authorization"])
+    found = await services.hooks.recent_arrivals(who)
+    assert [a.accepted for a in found[signed["id"]]] == [False]
+    assert found[signed["id"]][0].reason == "missing signature"
+    mine = found[open_["id"]]
+    assert len(mine) == 3 and all(a.accepted and a.run_id for a in mine)
+    assert [a.at for a in mine] == sorted((a.at for a in mine), reverse=True)
+    runs = {r["run_id"]: r["payload"]["n"] for r in
+            (await api.get("/api/v1/flows/runs")).json()["data"]}  # fmt: skip
+    assert [runs[a.run_id] for a in mine if a.run_id] == [3, 2, 1]
+    # The refusal wrote one event, the last; with a scan of one, the others are not read.
+    assert set(await services.hooks.recent_arrivals(who, scan=1)) == {signed["id"]}
