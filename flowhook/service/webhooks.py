@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -275,8 +276,19 @@ class WebhookService:
             )
         return len(found)
 
+    async def delivered_later(self, who: Principal, shown: Sequence[Delivery]) -> dict[str, str]:
+        """For each failed delivery of ``shown`` whose event a later delivery (a replay, a
+        recovery) brought to the same endpoint, that delivery's id: the pages say it got
+        through instead of counting it failed."""
+        failed = [d for d in shown if d.status is DeliveryStatus.FAILED]
+        if not failed:
+            return {}
+        async with self._db.read() as conn:
+            return await delivery_reads.delivered_later(conn, failed)
+
     async def health(self, who: Principal, endpoints: list[Endpoint]) -> dict[str, dict[str, int]]:
-        """Deliveries of the last 24 h per endpoint and status."""
+        """Deliveries of the last 24 h per endpoint and status (a failed one a replay
+        delivered counts as ``redelivered``)."""
         async with self._db.read() as conn:
             return await delivery_reads.endpoint_stats(
                 conn, [e.id for e in endpoints], self._clock.now() - timedelta(hours=24)

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import ColumnElement, exists, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.orm import aliased
 
 from flowhook.store.guards import PENDING_DELIVERY
 from flowhook.store.models import Attempt, Delivery, DeliveryStatus, Mode
@@ -25,6 +26,8 @@ __all__ = [
     "events_in_hand",
     "oldest_pending",
     "endpoint_stats",
+    "delivered_later",
+    "delivered_since",
 ]
 
 _D = deliveries.c
@@ -189,18 +192,66 @@ async def oldest_pending(conn: AsyncConnection) -> datetime | None:
     return value
 
 
+def delivered_since(table: Any = deliveries) -> ColumnElement[bool]:
+    """True for a delivery of ``table`` whose event a later delivery (a replay, a
+    recovery) brought to the same endpoint: it failed, but its event got through. One probe
+    of the event's deliveries (``ix_deliveries_event_id``)."""
+    later = aliased(deliveries, name="later")
+    return exists().where(
+        later.c.event_id == table.c.event_id,
+        later.c.endpoint_id == table.c.endpoint_id,
+        later.c.status == str(DeliveryStatus.SUCCEEDED),
+    )
+
+
+async def delivered_later(conn: AsyncConnection, failed: Sequence[Delivery]) -> dict[str, str]:
+    """For each of the ``failed`` deliveries whose event a later delivery brought to the
+    same endpoint, that delivery's id (one read for a page of them)."""
+    wanted = {(d.event_id, d.endpoint_id): d.id for d in failed}
+    if not wanted:
+        return {}
+    q = select(_D.id, _D.event_id, _D.endpoint_id).where(
+        _D.event_id.in_(sorted({event_id for event_id, _ in wanted})),
+        _D.status == str(DeliveryStatus.SUCCEEDED),
+    )
+    found: dict[str, str] = {}
+    for row in (await conn.execute(q)).all():
+        original = wanted.get((row.event_id, row.endpoint_id))
+        if original is not None:
+            found[original] = row.id
+    return found
+
+
 async def endpoint_stats(
     conn: AsyncConnection, endpoint_ids: Sequence[str], since: datetime
 ) -> dict[str, dict[str, int]]:
-    """Deliveries per endpoint and status created since ``since``."""
+    """Deliveries per endpoint and status created since ``since``. A failed delivery whose
+    event a later one delivered (a replay) counts as ``redelivered``, not ``failed``: the
+    event got through."""
     stats: dict[str, dict[str, int]] = {i: {} for i in endpoint_ids}
     if not endpoint_ids:
         return stats
+    window = (_D.endpoint_id.in_(list(endpoint_ids)), _D.created_at >= since)
     q = (
         select(_D.endpoint_id, _D.status, func.count())
-        .where(_D.endpoint_id.in_(list(endpoint_ids)), _D.created_at >= since)
+        .where(*window)
         .group_by(_D.endpoint_id, _D.status)
     )
     for endpoint_id, status, n in (await conn.execute(q)).all():
         stats[endpoint_id][status] = int(n)
+    failed = [i for i in endpoint_ids if stats[i].get(str(DeliveryStatus.FAILED))]
+    if failed:  # only where something failed: usually nowhere
+        q = (
+            select(_D.endpoint_id, func.count())
+            .where(
+                _D.endpoint_id.in_(failed),
+                _D.created_at >= since,
+                _D.status == str(DeliveryStatus.FAILED),
+                delivered_since(),
+            )
+            .group_by(_D.endpoint_id)
+        )
+        for endpoint_id, n in (await conn.execute(q)).all():
+            stats[endpoint_id][str(DeliveryStatus.FAILED)] -= int(n)
+            stats[endpoint_id]["redelivered"] = int(n)
     return stats

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.selectable import ScalarSelect
 
+from flowhook.store.delivery_reads import delivered_since
 from flowhook.store.models import DeliveryStatus, Mode, RunStatus, StepStatus
 from flowhook.store.runs import asleep_in
 from flowhook.store.tables import deliveries, flows, run_steps, runs, webhook_endpoints
@@ -269,7 +270,7 @@ async def endpoint_rates(
     ep = webhook_endpoints.c
 
     def counted(status: DeliveryStatus) -> Label[int]:
-        return (
+        q = (
             select(func.count())
             .select_from(deliveries)
             .where(
@@ -277,9 +278,10 @@ async def endpoint_rates(
                 deliveries.c.status == status.value,
                 deliveries.c.created_at >= since,
             )
-            .scalar_subquery()
-            .label(status.value)
         )
+        if status is DeliveryStatus.FAILED:  # a replay delivered its event: not a failure
+            q = q.where(~delivered_since())
+        return q.scalar_subquery().label(status.value)
 
     q = (
         select(ep.id, ep.url, ep.description, ep.enabled, *(counted(s) for s in DELIVERY_STATUSES))

@@ -31,9 +31,10 @@ async def deliveries(p: Page = PageDep) -> Response:
     more = None
     if page_.next_cursor:
         more = "/deliveries?" + urlencode({**dict(q), "cursor": page_.next_cursor})
+    later = await p.services.webhooks.delivered_later(p.who, page_.data)
     return p.render(
         "deliveries.html", rows=page_.data, status=status, endpoint_id=endpoint_id or "", event=event or "",
-        endpoints=endpoints, events=EVENT_TYPES, more=more,
+        endpoints=endpoints, events=EVENT_TYPES, more=more, later=later,
     )  # fmt: skip
 
 

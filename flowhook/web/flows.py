@@ -4,6 +4,7 @@ payload typed into its page."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ from starlette.responses import Response
 
 from flowhook.definition.input_schema import payload_problems
 from flowhook.errors import InvalidInput
-from flowhook.store.models import MAX_FLOW_VERSION, Flow
+from flowhook.store.models import MAX_FLOW_VERSION, Flow, Run, RunStatus
 from flowhook.web.graph import called_flows, flow_graph
 from flowhook.web.pages import Page, PageDep, first, redirect
 from flowhook.web.start_form import FIELD_PREFIX, form_fields, payload_from_form
@@ -43,11 +44,47 @@ async def _flow_page(
     versions = await p.services.flows.versions(p.who, f.flow_id)
     names = await p.services.flows.names(p.who, called_flows(f.definition))
     graph = flow_graph(f.definition, flow_names=names)
+    latest = await p.services.runs.list(p.who, limit=HEALTH_RUNS, cursor=None, flow_id=f.flow_id)
+    recent = latest.data[:RECENT_RUNS]
+    await p.services.runs.explain(p.who, recent)
+    q = p.request.query_params
+    saved, unchanged = q.get("saved", ""), q.get("unchanged", "")
+    notice = (
+        f"Saved as version {saved}." if saved.isdigit()
+        else f"Nothing changed: still version {unchanged}." if unchanged.isdigit()
+        else None
+    )  # fmt: skip
     return p.render(
         "flow.html", status, f=f, versions=versions, error=error, payload=payload, graph=graph,
         fields=form_fields(f.definition.get("input_schema")), problems=problems or {},
-        held=held, prefix=FIELD_PREFIX,
+        held=held, prefix=FIELD_PREFIX, recent=recent, health=_health(latest.data),
+        latest=max((v["version"] for v in versions), default=f.version), notice=notice,
     )  # fmt: skip
+
+
+RECENT_RUNS = 10
+"""Runs listed on a flow's page."""
+HEALTH_RUNS = 100
+"""A flow's success rate is taken over its latest this many runs (those that finished)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    finished: int
+    failed: int
+    rate: str
+    """Completed among the finished, in percent as people read it (``97.5``, ``100``)."""
+    tone: str
+
+
+def _health(runs: list[Run]) -> Health:
+    finished = [r for r in runs if r.status in (RunStatus.COMPLETED, RunStatus.FAILED)]
+    failed = sum(1 for r in finished if r.status is RunStatus.FAILED)
+    if not finished:
+        return Health(0, 0, "", "")
+    share = 100 * (len(finished) - failed) / len(finished)
+    tone = "good" if share >= 99 else "fair" if share >= 90 else "poor"
+    return Health(len(finished), failed, f"{share:.1f}".removesuffix(".0"), tone)
 
 
 def _version(text: str | None) -> int | None:

@@ -9,6 +9,7 @@ from fastapi.staticfiles import StaticFiles
 from flowhook.web import (
     approvals,
     deliveries,
+    flow_editor,
     flows,
     keys,
     overview,
@@ -36,6 +37,7 @@ def mount(app: FastAPI) -> None:
         triggers,
         deliveries,
         runs,
+        flow_editor,  # /flows/new before /flows/{flow_id}
         flows,
         overview,
         workers,

@@ -96,10 +96,11 @@ async def _endpoint_page(
         p.who, limit=20, cursor=None, status="failed", endpoint_id=ep.id
     )
     health = (await p.services.webhooks.health(p.who, [ep]))[ep.id]
+    later = await p.services.webhooks.delivered_later(p.who, failed.data)
     created = p.request.query_params.get("created") == "1"
     return p.render(
         "endpoint.html", status, ep=ep, events=EVENT_TYPES, show_secret=secret or created, created=created,
-        failed=failed.data, health=health, notice=notice, error=error,
+        failed=failed.data, health=health, notice=notice, error=error, later=later,
         flows=await _flow_choices(p),
     )  # fmt: skip
 

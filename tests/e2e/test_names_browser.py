@@ -336,3 +336,90 @@ def test_the_start_form_is_built_from_the_input_schema(app: Server, page: Any) -
     assert run["payload"] == {"order_id": "ord_77", "amount": 12.5, "reason": "late",
                               "rush": True, "lines": [1, 2]}  # fmt: skip
     made.api.close()
+
+
+def test_a_flow_is_written_fixed_and_versioned_from_the_screen(app: Server, page: Any) -> None:
+    """New flow in YAML: every problem listed at once and placed beside its line, the text
+    kept; fixed, it is created. A new version from the prefilled editor, the same text saved
+    again makes no version, and the diff shows what changed. The flow's page lists its
+    recent runs with its success rate."""
+    made = Flows(app)
+    sign_in(page, app)
+    page.goto(f"{app.base}/flows")
+    page.click("#new-flow")
+    page.wait_for_url(re.compile(r"/flows/new$"))
+    page.goto(f"{app.base}/flows/new?format=yaml")
+    assert page.input_value("#format") == "yaml"
+    broken = (
+        "name: Invoice run\n"
+        "steps:\n"
+        "  - id: fetch\n"
+        "    type: http\n"
+        "    request:\n"
+        "      method: GET\n"
+        "      url: https://billing.example.com/invoices\n"
+        "      headers: {Bad Header: '1'}\n"
+        "  - id: fetch\n"
+        "    type: transform\n"
+        "    output: {total: '{{ steps.nope.output }}'}\n"
+    )
+    page.fill("#text", broken)
+    page.click("#flow-editor button[type=submit]")
+    page.wait_for_selector("#problems")
+    listed = page.inner_text("#problems .problem-list")
+    assert listed.index("line 8") < listed.index("line 9") < listed.index("line 11")
+    assert "line 8 steps[0].request.headers" in listed and "Bad Header" in listed, listed
+    assert "line 9 steps[1].id" in listed and "already used" in listed, listed
+    assert "line 11 steps[1].output" in listed and "no step 'nope'" in listed, listed
+    assert page.locator("ol.code-lines li.beside").count() == 3  # each beside its line
+    assert "Bad Header" in page.inner_text("#line-8 + li.beside")
+    assert page.input_value("#text") == broken  # kept as typed
+    shot(page, "editor-problems")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "editor-problems-390")
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    fixed = broken.replace("      headers: {Bad Header: '1'}\n", "").replace(
+        "  - id: fetch\n    type: transform\n    output: {total: '{{ steps.nope.output }}'}\n",
+        "  - id: total\n    type: transform\n    output: {total: '{{ steps.fetch.output }}'}\n",
+    )
+    page.fill("#text", fixed)
+    page.click("#flow-editor button[type=submit]")
+    page.wait_for_url(re.compile(r"/flows/wf_\w+\?saved=1$"))
+    flow_id = page.url.split("/flows/")[1].split("?")[0]
+    assert "Saved as version 1" in page.inner_text("main")
+    saved = made.api.get(f"/api/v1/flows/{flow_id}").json()["definition"]
+    assert [s["id"] for s in saved["steps"]] == ["fetch", "total"]
+
+    page.click("#edit-flow")
+    page.wait_for_url(re.compile(r"/edit$"))
+    text = page.input_value("#text")
+    assert '"name": "Invoice run"' in text  # the current version, as JSON
+    page.click("#flow-editor button[type=submit]")
+    page.wait_for_url(re.compile(r"unchanged=1$"))
+    assert "Nothing changed" in page.inner_text("main")
+    page.goto(f"{app.base}/flows/{flow_id}/edit")
+    page.fill("#text", text.replace("Invoice run", "Invoice run (EU)"))
+    page.click("#flow-editor button[type=submit]")
+    page.wait_for_url(re.compile(r"saved=2$"))
+    assert page.inner_text("h1").startswith("Invoice run (EU)")
+
+    page.click("#compare")
+    page.wait_for_selector("table.diff")
+    assert page.locator("table.diff tr.del").inner_text().strip().endswith('"name": "Invoice run",')
+    assert "Invoice run (EU)" in page.locator("table.diff tr.add").inner_text()
+    shot(page, "flow-diff")
+
+    plain = made.flow({"name": "Tally", "steps": [
+        {"id": "c", "type": "condition", "if": "{{ payload.ok }}", "else": "fail"}]})  # fmt: skip
+    runs = [made.start(plain, {"ok": ok}) for ok in (True, True, True, False)]
+    until(lambda: all(made.api.get(f"/api/v1/flows/runs/{r}").json()["status"]
+                      in ("completed", "failed") for r in runs))  # fmt: skip
+    page.goto(f"{app.base}/flows/{plain}")
+    health = page.inner_text("#recent-runs .health")
+    assert health.startswith("75% completed of the last 4 finished runs"), health
+    assert "1 failed" in health
+    assert page.locator("#recent-runs table.runs tbody tr").count() == 4
+    assert "wf_" not in page.inner_text("#recent-runs table.runs")
+    shot(page, "flow-recent-runs")
+    made.api.close()

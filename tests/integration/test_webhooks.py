@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from standardwebhooks.webhooks import Webhook
 
+from flowhook.service.overview import OverviewService
 from tests.conftest import Api, Receiver
 
 FLOW: dict[str, Any] = {
@@ -372,3 +373,39 @@ async def test_recover_works_in_bounded_batches_and_continues_by_cursor(
     assert replayed == {d["id"] for d in failed}
     bad = await api.post(path, {"since": "2000-01-01T00:00:00Z", "cursor": "nope"})
     assert bad.status_code == 400
+
+
+async def test_a_failed_delivery_a_replay_delivered_no_longer_counts_as_failed(
+    api: Api, receiver: Receiver
+) -> None:
+    """The endpoint's 24 h health, the overview's rate and the failed lists: once a replay
+    delivers a failed delivery's event to that endpoint, it counts as delivered (and the
+    failed one names the replay), while another failure still counts."""
+    ep = await endpoint(api, receiver.url, ["flow.failed"])
+    receiver.default = (500, {})
+    failing = await api.create_flow({"name": "f", "steps": [{"id": "x", "type": "fail"}]})
+    for _ in range(2):
+        await api.wait(await api.execute(failing))
+
+    async def both_failed() -> list[dict[str, Any]] | None:
+        found = await deliveries(api, status="failed")
+        return found if len(found) == 2 else None
+
+    dead = await until(both_failed, timeout=15)
+    receiver.default = (200, {})
+    r = await api.post(f"/api/v1/webhooks/deliveries/{dead[0]['id']}/replay")
+    assert r.status_code == 202, r.text
+    replay_id = r.json()["id"]
+    await until(lambda: deliveries(api, status="succeeded"))
+
+    services = api.app.state.services
+    who = await services.keys.authenticate(api.auth()["Authorization"])
+    endpoints = (await services.webhooks.list_endpoints(who, limit=10, cursor=None)).data
+    health = (await services.webhooks.health(who, endpoints))[ep["id"]]
+    assert (health["succeeded"], health["failed"], health["redelivered"]) == (1, 1, 1)
+    [rate] = (await OverviewService(services.db, services.clock).get(who)).endpoints
+    assert (rate.succeeded, rate.failed) == (1, 1)
+    failed = (
+        await services.webhooks.list_deliveries(who, limit=10, cursor=None, status="failed")
+    ).data
+    assert await services.webhooks.delivered_later(who, failed) == {dead[0]["id"]: replay_id}
