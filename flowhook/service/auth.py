@@ -26,19 +26,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from flowhook.clock import Clock
 from flowhook.errors import InvalidInput, NotFound, StoreUnavailable, Unauthenticated
 from flowhook.ids import new_id
 from flowhook.service.ratelimit import TokenBuckets
 from flowhook.store import keys as keys_store
-from flowhook.store.db import Database
+from flowhook.store.db import Connection, Database
 from flowhook.store.models import ApiKey, Mode, Workspace
 from flowhook.store.wakeup import PgListener, Wakeup
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = [
     "Principal",
@@ -144,7 +140,7 @@ class KeyService:
             return await self._insert(conn, ws.id, ws.name, who.mode, label)
 
     async def _insert(
-        self, conn: AsyncConnection, ws_id: str, ws_name: str, mode: Mode, label: str | None
+        self, conn: Connection, ws_id: str, ws_name: str, mode: Mode, label: str | None
     ) -> CreatedKey:
         now = self._clock.now()
         secret = _new_secret(mode)

@@ -85,10 +85,12 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
     view = run_view(r, datetime.now(UTC))
     tasks = await p.services.tasks.of_run(p.who, run_id) if _has_tasks(r.steps) else []
     graph = await _graph(p, r)
+    caller = (getattr(r, "scope", None) or {}).get("caller", r.parent_run_id)
     return p.render(
         template,
         code,
         r=r,
+        caller_flow=await _caller_flow(p, caller) if caller else None,
         flow_name=await _flow_name(p, r.flow_id),
         graph=graph,
         tree=view.tree,
@@ -103,6 +105,15 @@ async def _run_page(p: Page, run_id: str, code: int = 200, error: str | None = N
         between_steps=view.between_steps,
         tasks_at={t.idx: t for t in tasks if t.run_id == r.run_id},
     )
+
+
+async def _caller_flow(p: Page, run_id: str) -> str | None:
+    """The name of the flow of the run that started this one (its parent), when known."""
+    try:
+        caller = await p.services.runs.get(p.who, run_id)
+    except NotFound:
+        return None
+    return await _flow_name(p, caller.flow_id)
 
 
 async def _graph(p: Page, r: Any) -> Any:

@@ -246,6 +246,10 @@ def test_rerun_from_the_run_page(app: Server, client: Opener, receiver: str, pag
     page.wait_for_selector("#run-status[data-status=failed]")
     assert "Charge and notify" in page.inner_text(".facts")  # the flow's name beside its id
     assert page.locator(".bar rect").count() >= 1  # the steps as a timeline of durations
+    failure = page.inner_text("li.step[data-step=charge] .step-error")
+    assert failure.startswith("http POST ") and failure.endswith("answered 503"), failure
+    response = page.locator("li.step[data-step=charge] details.response")
+    assert "(503)" in response.inner_text() and '"says 503"' in response.inner_text()
     shot(page, "15-run-failed")
 
     Hook.status = 200
@@ -378,6 +382,7 @@ def test_a_parent_and_its_child_run_link_each_other(app: Server, client: Opener,
     page.click("li[data-step=ship] a.child-run")
     page.wait_for_selector("#parent-run")
     assert "Ship order" in page.inner_text(".facts")
+    assert "started by a run of Order run_" in page.inner_text(".facts")
     assert run_id in page.inner_text("#parent-run")
     shot(page, "24-child-run")
     api.close()

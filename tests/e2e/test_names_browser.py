@@ -423,3 +423,48 @@ def test_a_flow_is_written_fixed_and_versioned_from_the_screen(app: Server, page
     assert "wf_" not in page.inner_text("#recent-runs table.runs")
     shot(page, "flow-recent-runs")
     made.api.close()
+
+
+PHONE_PAGES = (
+    "/overview", "/runs", "/runs/{run}", "/flows", "/flows/{flow}", "/flows/{flow}/edit",
+    "/deliveries?status=all",
+    "/flows/{flow}/diff", "/settings/webhooks", "/settings/webhooks/{endpoint}", "/deliveries",
+    "/deliveries/{delivery}", "/settings/triggers", "/settings/secrets", "/settings/keys",
+    "/workers",
+)  # fmt: skip
+
+
+def test_every_page_fits_a_phone(app: Server, page: Any) -> None:
+    """At 390 px no page is wider than the screen: tables become cards or keep the columns
+    that fit, and wide content (code, a graph, a diff) scrolls inside its own box."""
+    made = Flows(app)
+    flow = made.flow({"name": "Nightly invoice export for the accounting team", "steps": [
+        {"id": "export_every_open_invoice", "type": "transform", "output": {"n": 1}}]})  # fmt: skip
+    r = made.api.put(f"/api/v1/flows/{flow}", json={"name": "Nightly invoice export", "steps": [
+        {"id": "export_every_open_invoice", "type": "transform", "output": {"n": 2}}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    r = made.api.post("/api/v1/webhooks/endpoints", json={
+        "url": "https://accounting.example.com/webhooks/flowhook/invoices/exported",
+        "events": ["flow.completed"], "description": "Accounting"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    endpoint = r.json()["id"]
+    run = made.start(flow)
+    until(lambda: made.api.get("/api/v1/webhooks/deliveries").json()["data"])
+    delivery = made.api.get("/api/v1/webhooks/deliveries").json()["data"][0]["id"]
+    assert made.api.post("/api/v1/hooks", json={"flow_id": flow}).status_code == 201
+    assert made.api.post("/api/v1/schedules", json={"flow_id": flow, "cron": "0 3 * * *"}
+                         ).status_code == 201  # fmt: skip
+    sign_in(page, app)
+    page.set_viewport_size({"width": 390, "height": 844})
+    too_wide = {}
+    for path in PHONE_PAGES:
+        url = path.format(run=run, flow=flow, endpoint=endpoint, delivery=delivery)
+        page.goto(app.base + url)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > 390:
+            too_wide[url] = width
+            shot(page, "phone-too-wide-" + url.strip("/").replace("/", "-")[:60])
+    assert not too_wide, too_wide
+    page.goto(f"{app.base}/deliveries?status=all")
+    shot(page, "deliveries-390")
+    made.api.close()
