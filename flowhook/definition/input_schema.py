@@ -7,14 +7,16 @@ meta-schema cannot (a ``pattern`` that is no regular expression, a ``$ref`` to n
 A schema refers only to itself: nothing is ever fetched (``$ref`` to another document is
 refused when the flow is saved).
 
-Payloads are checked by ``jsonschema_rs``, compiled once per flow version. Its regular
-expressions run in linear time (a backtracking one stops at a fixed limit), so a schema's
-``pattern`` cannot hold the API for everyone else with a crafted payload. ``format`` is
+Payloads are checked by ``jsonschema_rs``, compiled once per flow version, with its
+linear-time regular expression engine (a ``pattern`` with look-around or back-references is
+refused when the flow is saved), so a schema's ``pattern`` cannot hold the API for everyone
+else with a crafted payload. A schema is at most :data:`MAX_SCHEMA_BYTES`. ``format`` is
 asserted, not only noted: a user who writes ``"format": "email"`` expects it checked.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +32,13 @@ __all__ = ["schema_problems", "check_payload", "payload_problems", "MAX_PROBLEMS
 MAX_PROBLEMS_SHOWN = 5
 """A refused payload's message lists this many problems at most (the first is its field)."""
 
+MAX_SCHEMA_BYTES = 64 * 1024
+"""The largest ``input_schema``, as compact JSON: its compiled form is kept per flow version."""
+MAX_MESSAGE = 200
+"""A problem's message is cut to this many characters (it may quote the payload's value)."""
+_REGEX_BYTES = 1 << 20
+"""A compiled ``pattern`` may take this much memory."""
+
 _META = Draft202012Validator(Draft202012Validator.META_SCHEMA)
 _CACHE_SIZE = 512
 _compiled: OrderedDict[tuple[str, int], Any] = OrderedDict()
@@ -37,7 +46,13 @@ _compiled: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
 
 def _compile(schema: Any) -> Any:
-    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True, offline=True)
+    return jsonschema_rs.Draft202012Validator(
+        schema,
+        validate_formats=True,
+        offline=True,
+        # the linear-time engine: no look-around, no back-references (refused when saved)
+        pattern_options=jsonschema_rs.RegexOptions(size_limit=_REGEX_BYTES),
+    )
 
 
 def _field(path: Iterator[Any] | list[Any], root: str) -> str:
@@ -67,6 +82,14 @@ def schema_problems(schema: Any) -> list[InvalidDefinition]:
     root = "definition.input_schema"
     if not isinstance(schema, dict):
         return [InvalidDefinition("input_schema must be a JSON Schema object", field=root)]
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > MAX_SCHEMA_BYTES:
+        return [
+            InvalidDefinition(
+                f"input_schema is {size:,} bytes as JSON, more than {MAX_SCHEMA_BYTES:,}",
+                field=root,
+            )
+        ]
     found: list[InvalidDefinition] = []
     error = best_match(_META.iter_errors(schema))
     if error is not None:
@@ -96,6 +119,8 @@ def schema_problems(schema: Any) -> list[InvalidDefinition]:
         path = list(getattr(exc, "instance_path", []) or [])
         field = _field(path, root)
         reason = str(exc.message).splitlines()[0]
+        if "regex" in reason:
+            reason += " (patterns run in linear time: no look-around, no back-references)"
         found.append(
             InvalidDefinition(f"{field.removeprefix('definition.')}: {reason}", field=field)
         )
@@ -128,7 +153,10 @@ def payload_problems(
         kind = error.kind
         if isinstance(kind, jsonschema_rs.ValidationErrorKind.Required):
             path.append(kind.property)
-        problems.append((_field(path, "payload"), str(error.message)))
+        message = str(error.message)
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 1] + "…"
+        problems.append((_field(path, "payload"), message))
         if len(problems) >= limit:
             break
     return problems

@@ -160,10 +160,12 @@ class KeyService:
         )
 
     async def list_for(self, who: Principal) -> list[ApiKey]:
-        """The keys of the caller's workspace, both modes, newest first."""
+        """The keys of the caller's workspace and mode, newest first (a sandbox session sees
+        no live key, as no page shows another mode's data)."""
         async with self._db.read() as conn:
             keys = await keys_store.list_keys(conn, workspace_id=who.workspace_id)
-        return sorted(keys, key=lambda k: k.created_at, reverse=True)
+        mine = [k for k in keys if k.mode == who.mode]
+        return sorted(mine, key=lambda k: k.created_at, reverse=True)
 
     async def revoke_for(self, who: Principal, key_id: str) -> ApiKey:
         """Revoke a key of the caller's workspace and mode; NotFound for any other."""

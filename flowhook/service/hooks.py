@@ -29,7 +29,14 @@ import orjson
 from flowhook import tracing
 from flowhook.clock import Clock
 from flowhook.definition.input_schema import check_payload
-from flowhook.errors import Duplicate, FlowhookError, InvalidInput, NotFound, Unauthenticated
+from flowhook.errors import (
+    Duplicate,
+    FlowhookError,
+    InvalidInput,
+    InvalidPayload,
+    NotFound,
+    Unauthenticated,
+)
 from flowhook.events import make_event
 from flowhook.ids import is_id, new_id, new_secret_id
 from flowhook.service.auth import Principal
@@ -253,6 +260,10 @@ class HookService:
         except Duplicate:
             # The same delivery id committed by a concurrent request first: answer as its copy.
             return await accept(hook, arrival, key)
+        except InvalidPayload as refused:  # the flow's input_schema: nothing of it was kept
+            reason = f"payload does not match the flow's input_schema ({refused.field})"
+            await self._record_refusal(hook, body, content_type, reason)
+            raise
 
     async def _record_refusal(
         self, hook: Hook, body: bytes, content_type: str, reason: str
@@ -332,7 +343,7 @@ class HookService:
             if flow is None:
                 raise NotFound("the flow of this hook was archived")
             schema = flow.definition.get("input_schema")
-            if schema is not None:  # 400 naming the fields; nothing of the arrival is kept
+            if schema is not None:  # 400 naming the fields: no run (receive records why)
                 check_payload(flow.flow_id, flow.version, schema, arrival.payload)
             run = Run(
                 run_id=new_id("run"), workspace_id=hook.workspace_id, mode=hook.mode, flow_id=flow.flow_id,

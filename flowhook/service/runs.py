@@ -115,13 +115,15 @@ class _StartRequest:
 
 
 class _KeysNeeded(Exception):
-    """The batch met a flow version with flow control whose keys the request does not carry:
-    :meth:`RunService.start` reads them, outside any transaction, and submits it again."""
+    """The batch met a flow version with flow control whose keys the request does not carry,
+    or with an ``input_schema`` its payload was not checked against: :meth:`RunService.start`
+    reads the keys and checks the payload, outside any transaction, and submits it again."""
 
-    def __init__(self, version: int, control: FlowControl) -> None:
+    def __init__(self, version: int, control: FlowControl | None, schema: Any = None) -> None:
         super().__init__(version)
         self.version = version
         self.control = control
+        self.schema = schema
 
 
 class RunService:
@@ -138,9 +140,10 @@ class RunService:
         """Counts the runs this process accepts, for the statistics of ``runs``."""
         self._controls: dict[tuple[str, int], FlowControl | None] = {}
         """Flow control of flow versions met (a version never changes)."""
-        self._latest: dict[tuple[str, str, str], tuple[int, FlowControl | None]] = {}
-        """The version of each flow the batches last met, with its flow control, by
-        (workspace, mode, flow): an execute reads its keys before joining a batch."""
+        self._latest: dict[tuple[str, str, str], tuple[int, FlowControl | None, Any]] = {}
+        """The version of each flow the batches last met, with its flow control and its
+        ``input_schema``, by (workspace, mode, flow): an execute reads its keys and checks its
+        payload before joining a batch (never inside the write every tenant's executes share)."""
         self.hub: EventHub | None = None
         """The process's event hub, which wakes a long poll when its run's events commit
         (``None``: long polls read every :data:`LONG_POLL_INTERVAL`)."""
@@ -180,16 +183,21 @@ class RunService:
         )
         known = self._latest.get((who.workspace_id, str(who.mode), flow_id))
         for _ in range(3):  # a flow saved again between two tries: rare, twice rarer
-            if known is not None and known[1] is not None:
-                # Outside any transaction and before the batch: a tenant's slow keys keep
-                # only its own execute waiting (KEY_SECONDS each at most).
-                keys = await known[1].keys(payload, priority)
-                request = replace(request, keys=keys, version=known[0])
+            if known is not None:
+                version, control, schema = known
+                # Outside any transaction and before the batch: a tenant's slow keys or large
+                # payload keep only its own execute waiting (KEY_SECONDS each at most).
+                if schema is not None:
+                    check_payload(flow_id, version, schema, payload)  # 400, nothing stored
+                if control is not None:
+                    keys = await control.keys(payload, priority)
+                    request = replace(request, keys=keys)
+                request = replace(request, version=version)
             try:
                 started = await self._group.submit(request)
                 break
             except _KeysNeeded as needed:
-                known = (needed.version, needed.control)
+                known = (needed.version, needed.control, needed.schema)
         else:
             raise StoreUnavailable("the flow kept changing while this execute ran; try again")
         if not started.replayed:
@@ -286,19 +294,16 @@ class RunService:
             if flow is None:
                 results.append(missing("flow", req.flow_id))
                 continue
-            schema = flow.definition.get("input_schema")
-            if schema is not None:
-                try:  # (compiled once per version; microseconds for a usual payload)
-                    check_payload(flow.flow_id, flow.version, schema, req.payload)
-                except InvalidInput as refused:
-                    results.append(refused)
-                    continue
             control = self._control(flow)
-            self._remember(who, flow, control)
+            schema = flow.definition.get("input_schema")
+            self._remember(who, flow, control, schema)
             keys = None
+            if schema is not None and req.version != flow.version:
+                results.append(_KeysNeeded(flow.version, control, schema))  # checked outside
+                continue
             if control is not None:
                 if req.keys is None or req.version != flow.version:
-                    results.append(_KeysNeeded(flow.version, control))  # read outside
+                    results.append(_KeysNeeded(flow.version, control, schema))  # read outside
                     continue
                 keys = req.keys
                 if keys.debounce_key is not None:
@@ -338,10 +343,13 @@ class RunService:
         await runs_store.insert_runs(conn, rows, payloads=encoded, alone=alone)
         return results
 
-    def _remember(self, who: Principal, flow: Flow, control: FlowControl | None) -> None:
+    def _remember(
+        self, who: Principal, flow: Flow, control: FlowControl | None, schema: Any = None
+    ) -> None:
         if len(self._latest) >= 4096:
             self._latest.clear()
-        self._latest[(who.workspace_id, str(who.mode), flow.flow_id)] = (flow.version, control)
+        scope = (who.workspace_id, str(who.mode), flow.flow_id)
+        self._latest[scope] = (flow.version, control, schema)
 
     def _control(self, flow: Flow) -> FlowControl | None:
         key = (flow.flow_id, flow.version)

@@ -210,9 +210,12 @@ async def delivered_later(conn: AsyncConnection, failed: Sequence[Delivery]) -> 
     wanted = {(d.event_id, d.endpoint_id): d.id for d in failed}
     if not wanted:
         return {}
+    first = failed[0]
     q = select(_D.id, _D.event_id, _D.endpoint_id).where(
         _D.event_id.in_(sorted({event_id for event_id, _ in wanted})),
         _D.status == str(DeliveryStatus.SUCCEEDED),
+        _D.workspace_id == first.workspace_id,  # (the events are the caller's already)
+        _D.mode == first.mode.value,
     )
     found: dict[str, str] = {}
     for row in (await conn.execute(q)).all():
@@ -252,6 +255,8 @@ async def endpoint_stats(
             .group_by(_D.endpoint_id)
         )
         for endpoint_id, n in (await conn.execute(q)).all():
-            stats[endpoint_id][str(DeliveryStatus.FAILED)] -= int(n)
-            stats[endpoint_id]["redelivered"] = int(n)
+            # (two reads: a delivery that failed between them is not counted twice)
+            failures = stats[endpoint_id][str(DeliveryStatus.FAILED)]
+            stats[endpoint_id][str(DeliveryStatus.FAILED)] = max(0, failures - int(n))
+            stats[endpoint_id]["redelivered"] = min(failures, int(n))
     return stats

@@ -181,11 +181,16 @@ async def run_buckets(
     return [Bucket(s, found[s]) for s in starts]
 
 
+SLEEPING_STEPS = ("approval", "wait", "delay")
+"""Step types whose waiting is a run's own sleep (a person, a signal, a time). A ``parallel``,
+``map`` or ``flow`` step waits too, while its parts or child run work: not asleep."""
+
+
 async def asleep_since(
     conn: AsyncConnection, workspace_id: str, mode: Mode, since: datetime
 ) -> list[datetime]:
     """When each run queued since ``since`` that sleeps now was queued: running, with a
-    step of its own or of one of its parts waiting (an approval, a signal, a delay). Read
+    step of its own or of one of its parts asleep (:data:`SLEEPING_STEPS`). Read
     from the waiting step records, which are few beside the runs."""
     shown = func.coalesce(runs.c.root_run_id, runs.c.run_id)
     asleep = (
@@ -196,6 +201,7 @@ async def asleep_since(
             runs.c.mode == mode.value,
             runs.c.status == RunStatus.RUNNING.value,
             run_steps.c.status == StepStatus.WAITING.value,
+            run_steps.c.type.in_(SLEEPING_STEPS),
         )
     )
     q = select(runs.c.queued_at).where(

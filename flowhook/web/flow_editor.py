@@ -8,15 +8,24 @@ with the text kept as typed. Saving a version identical to the current one makes
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import urlencode
 
+import orjson
 from fastapi import APIRouter
 from starlette.responses import Response
 
 from flowhook.errors import FlowhookError, InvalidDefinition, InvalidInput
 from flowhook.store.models import Flow
-from flowhook.web.flow_text import FORMATS, Problem, as_text, diff_lines, line_of, read_definition
+from flowhook.web.flow_text import (
+    FORMATS,
+    Problem,
+    as_text,
+    diff_lines,
+    lines_of,
+    read_definition,
+)
 from flowhook.web.pages import Page, PageDep, first, redirect
 
 __all__ = ["router", "STARTER"]
@@ -41,13 +50,19 @@ def _format(value: str | None) -> str:
     return value if value in FORMATS else "json"
 
 
+MAX_PROBLEMS = 50
+"""Problems shown at most (a definition can hold many more; the first fifty are plenty)."""
+
+
 def _problems(text: str, exc: FlowhookError) -> list[Problem]:
-    """Each problem of a refused definition, placed on its line of ``text``."""
+    """Each problem of a refused definition (the first :data:`MAX_PROBLEMS`), placed on its
+    line of ``text``: the text is composed once for all of them."""
     if isinstance(exc, InvalidDefinition):
-        found = exc.problems
-        return [Problem(p.message, p.field, line_of(text, p.field)) for p in found]
-    field = exc.field if isinstance(exc, InvalidInput) else None
-    return [Problem(exc.message, field, line_of(text, field))]
+        found = [(p.message, p.field) for p in exc.problems[:MAX_PROBLEMS]]
+    else:
+        found = [(exc.message, exc.field if isinstance(exc, InvalidInput) else None)]
+    lines = lines_of(text, [field for _, field in found])
+    return [Problem(m, f, line) for (m, f), line in zip(found, lines, strict=True)]
 
 
 def _editor(
@@ -76,13 +91,13 @@ async def flow_new(p: Page = PageDep) -> Response:
 async def flow_create(p: Page = PageDep) -> Response:
     fields = await p.form()
     text, fmt = first(fields, "text"), _format(first(fields, "format"))
-    definition, unreadable = read_definition(text, fmt)
+    definition, unreadable = await asyncio.to_thread(read_definition, text, fmt)
     if unreadable is not None:
         return _editor(p, flow=None, text=text, fmt=fmt, problems=[unreadable], status=400)
     try:
         made = await p.services.flows.create(p.who, definition)
     except FlowhookError as exc:
-        problems = _problems(text, exc)
+        problems = await asyncio.to_thread(_problems, text, exc)
         return _editor(p, flow=None, text=text, fmt=fmt, problems=problems, status=400)
     return redirect(f"/flows/{made.flow_id}?saved={made.version}")
 
@@ -99,17 +114,34 @@ async def flow_save(flow_id: str, p: Page = PageDep) -> Response:
     fields = await p.form()
     f = await p.services.flows.get(p.who, flow_id)
     text, fmt = first(fields, "text"), _format(first(fields, "format"))
-    definition, unreadable = read_definition(text, fmt)
+    base = first(fields, "base_version")
+    if base.isdigit() and int(base) != f.version:  # saved by someone else meanwhile
+        moved = Problem(
+            f"the flow is at version {f.version} now, not {base} as when you opened it: "
+            "open Edit again to start from it (copy your text first)", None, None,
+        )  # fmt: skip
+        return _editor(p, flow=f, text=text, fmt=fmt, problems=[moved], status=409)
+    definition, unreadable = await asyncio.to_thread(read_definition, text, fmt)
     if unreadable is not None:
         return _editor(p, flow=f, text=text, fmt=fmt, problems=[unreadable], status=400)
-    if definition == f.definition:
+    if _same(definition, f.definition):
         return redirect(f"/flows/{flow_id}?unchanged={f.version}")
     try:
         saved = await p.services.flows.update(p.who, flow_id, definition)
     except FlowhookError as exc:
-        problems = _problems(text, exc)
+        problems = await asyncio.to_thread(_problems, text, exc)
         return _editor(p, flow=f, text=text, fmt=fmt, problems=problems, status=400)
     return redirect(f"/flows/{flow_id}?saved={saved.version}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same JSON (``1`` and ``true`` differ, as they do to the engine; key order not)."""
+    try:
+        return orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+            b, option=orjson.OPT_SORT_KEYS
+        )
+    except (TypeError, orjson.JSONEncodeError):
+        return False
 
 
 def _version_param(text: str | None, default: int, newest: int) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "read_definition",
     "as_text",
     "line_of",
+    "lines_of",
     "diff_lines",
     "DiffLine",
 ]
@@ -56,6 +57,14 @@ class _NoAliases(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+# Plain scalars resolve to JSON's types only: no dates or times (a flow's `until` stays the
+# text it is written as).
+_NoAliases.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in found if tag != "tag:yaml.org,2002:timestamp"]
+    for first, found in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -68,13 +77,18 @@ def read_definition(text: str, fmt: str) -> tuple[Any, Problem | None]:
         )
     if fmt == "yaml":
         try:
-            return yaml.load(text, Loader=_NoAliases), None  # noqa: S506 - a safe loader
+            loaded = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a safe loader
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             reason = exc.problem or exc.context or "not valid YAML"
             return None, Problem(f"not valid YAML: {reason}", None, mark.line + 1 if mark else None)
-        except (yaml.YAMLError, RecursionError) as exc:
-            return None, Problem(f"not valid YAML: {exc}", None, None)
+        except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
+            return None, Problem(f"not valid YAML: {str(exc)[:200]}", None, None)
+        try:  # what JSON cannot hold (!!binary, !!set, a key that is a list) is refused here
+            json.dumps(loaded, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return None, Problem(f"YAML that is not JSON: {str(exc)[:200]}", None, None)
+        return loaded, None
     try:
         return json.loads(text, parse_constant=_reject_constant), None
     except json.JSONDecodeError as exc:
@@ -101,17 +115,25 @@ def _path(field: str) -> list[str | int]:
     return [name if name else int(index) for name, index in _PART.findall(rest)]
 
 
-def line_of(text: str, field: str | None) -> int | None:
-    """The 1-based line of ``text`` where ``field`` is written (or, when the text lacks it,
-    where the nearest field holding it is); ``None`` when the text cannot be composed."""
-    if field is None:
-        return None
+def lines_of(text: str, fields: list[str | None]) -> list[int | None]:
+    """The 1-based line of ``text`` where each of ``fields`` is written (or, when the text
+    lacks it, where the nearest field holding it is); ``None`` for a field that is ``None``
+    or when the text cannot be composed. The text is composed once for all of them."""
+    if not any(fields):
+        return [None] * len(fields)
     try:
-        node = yaml.compose(text, Loader=_NoAliases)
-    except (yaml.YAMLError, RecursionError):
-        return None
-    if node is None:
-        return None
+        root = yaml.compose(text, Loader=_NoAliases)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return [None] * len(fields)
+    return [None if root is None or f is None else _walk(root, f) for f in fields]
+
+
+def line_of(text: str, field: str | None) -> int | None:
+    """:func:`lines_of` for one field."""
+    return lines_of(text, [field])[0]
+
+
+def _walk(node: Any, field: str) -> int:
     line = node.start_mark.line
     for part in _path(field):
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
@@ -126,7 +148,7 @@ def line_of(text: str, field: str | None) -> int | None:
             line = node.start_mark.line
         else:
             break
-    return line + 1
+    return int(line) + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,11 @@ async def _page(
 @router.get("/settings/keys")
 async def keys(p: Page = PageDep) -> Response:
     gone = p.request.query_params.get("revoked") or ""
-    return await _page(p, notice=f"Revoked {gone}: it is refused from now on." if gone else None)
+    shown = {k.id: k for k in await p.services.keys.list_for(p.who)}
+    key = shown.get(gone)
+    named = f'"{key.label}" ({key.id})' if key and key.label else gone
+    notice = f"Revoked {named}: it is refused from now on." if key and key.revoked_at else None
+    return await _page(p, notice=notice)
 
 
 @router.post("/settings/keys")

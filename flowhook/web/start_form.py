@@ -27,7 +27,8 @@ class FormField:
     description: str = ""
     input_type: str = "text"
     """The HTML input's type for ``text`` (``email``, ``date``, ``url``)."""
-    choices: list[Any] = field(default_factory=list)
+    choices: list[tuple[str, Any]] = field(default_factory=list)
+    """(as the form posts it, the value): text as it is, anything else as its JSON."""
     default: str = ""
     """The value shown before anything is typed, as the input holds it."""
     placeholder: str = ""
@@ -46,10 +47,16 @@ def _kind(prop: dict[str, Any]) -> str:
     return "text" if kind in ("string", None) else "json"
 
 
+def _choice(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _shown(value: Any, kind: str) -> str:
+    if kind == "choice":
+        return _choice(value)
     if value is None:
         return ""
-    if kind == "json" or (kind == "choice" and not isinstance(value, str)):
+    if kind == "json":
         return json.dumps(value)
     if kind == "boolean":
         return "true" if value else ""
@@ -76,8 +83,8 @@ def form_fields(schema: Any) -> list[FormField]:
                 required=name in required,
                 description=str(prop.get("description") or ""),
                 input_type=_INPUT_TYPES.get(fmt, "text") if isinstance(fmt, str) else "text",
-                choices=list(prop["enum"]) if kind == "choice" else [],
-                default=_shown(prop.get("default"), kind),
+                choices=[(_choice(c), c) for c in prop["enum"]] if kind == "choice" else [],
+                default=_shown(prop["default"], kind) if "default" in prop else "",
                 placeholder="{…}"
                 if prop.get("type") == "object"
                 else "[…]"
@@ -122,9 +129,9 @@ def payload_from_form(
             except ValueError:
                 problems[f.name] = f"{text.strip()!r} is not a number"
         elif f.kind == "choice":
-            shown = {_shown(c, "choice"): c for c in f.choices}
-            if text in shown:
-                payload[f.name] = shown[text]
+            chosen = dict(f.choices)
+            if text in chosen:
+                payload[f.name] = chosen[text]
             else:
                 problems[f.name] = f"{text!r} is not one of the choices"
         else:

@@ -117,10 +117,10 @@ def test_kill_9_during_a_map_and_a_parallel_then_restart(
 
             child_run = wait_for(in_flight, timeout=10)
             map_run = client.post("/api/v1/flows/execute", json={"flow_id": map_flow}).json()
-            wait_for(lambda: sum(v for k, v in seen.items() if k.isdigit()) >= 60)
+            wait_for(lambda: sum(v for k, v in seen.copy().items() if k.isdigit()) >= 60)
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait()
-    before = sum(v for k, v in seen.items() if k.isdigit())
+    before = sum(v for k, v in seen.copy().items() if k.isdigit())
     assert before < ITEMS  # the kill came in the middle of the map
     assert "child" not in seen and "after" not in seen  # the parallel was still in its delays
 

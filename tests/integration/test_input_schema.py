@@ -85,6 +85,7 @@ async def test_a_schema_that_is_no_json_schema_is_refused_naming_the_place(api: 
         "definition.input_schema.properties.id.pattern": {"properties": {"id": {"type": "string", "pattern": "(ord_"}}},
         "definition.input_schema.properties.who.$ref": {"properties": {"who": {"$ref": "https://example.com/person.json"}}},
         "definition.input_schema": ["not", "an", "object"],
+        "definition.input_schema.properties.ref.pattern": {"properties": {"ref": {"type": "string", "pattern": "^(?!tmp_)"}}},
     }  # fmt: skip
     for field, schema in cases.items():
         r = await api.post("/api/v1/flows", {**FLOW, "input_schema": schema})
@@ -93,6 +94,11 @@ async def test_a_schema_that_is_no_json_schema_is_refused_naming_the_place(api: 
         assert body["code"] == "invalid_definition", body
         assert [e["field"] for e in body["errors"]] == [field], body
     assert (await api.get("/api/v1/flows")).json()["data"] == []
+    huge = {
+        "properties": {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(700)}
+    }
+    r = await api.post("/api/v1/flows", {**FLOW, "input_schema": huge})
+    assert r.status_code == 400 and "more than 65,536" in r.json()["error"], r.text
 
 
 async def test_a_catastrophic_pattern_costs_the_api_nothing(api: Api) -> None:
@@ -106,7 +112,7 @@ async def test_a_catastrophic_pattern_costs_the_api_nothing(api: Api) -> None:
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "payload.s", r.text
 
 
-async def test_a_hook_arrival_that_fails_the_schema_is_refused_and_kept_nowhere(api: Api) -> None:
+async def test_a_hook_arrival_that_fails_the_schema_is_refused_with_its_reason(api: Api) -> None:
     flow_id = await api.create_flow(FLOW)
     r = await api.post("/api/v1/hooks", {"flow_id": flow_id})
     assert r.status_code == 201, r.text
@@ -118,6 +124,11 @@ async def test_a_hook_arrival_that_fails_the_schema_is_refused_and_kept_nowhere(
     ]
     assert await _runs(api) == 0
     events = (await api.get("/api/v1/events")).json()["data"]
-    assert not [e for e in events if e["event"].startswith("webhook.")]
+    [refusal] = [e for e in events if e["event"].startswith("webhook.")]  # why, not what
+    assert refusal["event"] == "webhook.delivered"
+    assert refusal["body"]["payload"]["accepted"] is False
+    assert refusal["body"]["payload"]["reason"] == (
+        "payload does not match the flow's input_schema (payload.amount)"
+    )
     accepted = await api.client.post(url, json={"order_id": "ord_1", "amount": 3})
     assert accepted.status_code == 202, accepted.text

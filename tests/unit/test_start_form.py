@@ -14,6 +14,7 @@ SCHEMA = {
         "ratio": {"type": ["number", "null"]},
         "on": {"type": "boolean", "default": True},
         "size": {"enum": ["s", "m", 3]},
+        "pick": {"enum": [None, {"a": 1}]},
         "tags": {"type": "array"},
         "meta": {"type": "object"},
         "odd": True,
@@ -36,9 +37,10 @@ def test_each_property_gets_an_input_of_its_kind() -> None:
     assert fields["email"].input_type == "email" and not fields["email"].required
     kinds = {n: f.kind for n, f in fields.items()}
     assert kinds == {"name": "text", "email": "text", "count": "integer", "ratio": "number",
-                     "on": "boolean", "size": "choice", "tags": "json", "meta": "json",
-                     "odd": "text"}  # fmt: skip
-    assert fields["on"].default == "true" and fields["size"].choices == ["s", "m", 3]
+                     "on": "boolean", "size": "choice", "pick": "choice", "tags": "json",
+                     "meta": "json", "odd": "text"}  # fmt: skip
+    assert fields["on"].default == "true"
+    assert fields["size"].choices == [("s", "s"), ("m", "m"), ("3", 3)]
     assert form_fields({"type": "string"}) == [] and form_fields(None) == []
 
 
@@ -52,6 +54,10 @@ def test_the_payload_is_typed_and_empty_optional_fields_are_left_out() -> None:
     assert held["count"] == "7" and held["meta"] == ""
     payload, _, _ = payload_from_form(fields, posted(name="x", count="1"))
     assert payload["on"] is False  # an unchecked box is false, not missing
+    payload, problems, _ = payload_from_form(fields, posted(pick="null"))
+    assert problems == {} and payload["pick"] is None  # null and objects can be chosen too
+    payload, _, _ = payload_from_form(fields, posted(pick='{"a": 1}'))
+    assert payload["pick"] == {"a": 1}
 
 
 def test_what_cannot_be_read_is_named_beside_its_field() -> None:
