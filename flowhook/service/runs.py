@@ -191,8 +191,9 @@ class RunService:
                     check_payload(flow_id, version, schema, payload)  # 400, nothing stored
                 if control is not None:
                     keys = await control.keys(payload, priority)
-                    request = replace(request, keys=keys)
-                request = replace(request, version=version)
+                    request = replace(request, keys=keys, version=version)
+                elif schema is not None:
+                    request = replace(request, version=version)
             try:
                 started = await self._group.submit(request)
                 break

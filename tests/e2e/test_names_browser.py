@@ -409,6 +409,9 @@ def test_a_flow_is_written_fixed_and_versioned_from_the_screen(app: Server, page
     assert page.locator("table.diff tr.del").inner_text().strip().endswith('"name": "Invoice run",')
     assert "Invoice run (EU)" in page.locator("table.diff tr.add").inner_text()
     shot(page, "flow-diff")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "flow-diff-390")
+    page.set_viewport_size({"width": 1280, "height": 900})
 
     plain = made.flow({"name": "Tally", "steps": [
         {"id": "c", "type": "condition", "if": "{{ payload.ok }}", "else": "fail"}]})  # fmt: skip
