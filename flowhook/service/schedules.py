@@ -16,6 +16,7 @@ from typing import Any
 
 from flowhook.clock import Clock
 from flowhook.cron import check_cron, check_timezone, next_tick, shortest_gap
+from flowhook.definition.input_schema import payload_problems
 from flowhook.errors import Duplicate, InvalidInput
 from flowhook.ids import new_id
 from flowhook.service.auth import Principal
@@ -173,6 +174,22 @@ class ScheduleService:
             if flow is None:
                 log.warning(
                     "schedule %s: flow %s is archived; tick %s skipped", s.id, s.flow_id, tick
+                )
+                return 0
+            schema = flow.definition.get("input_schema")
+            wrong = (
+                payload_problems(flow.flow_id, flow.version, schema, s.payload, limit=3)
+                if schema is not None
+                else []
+            )
+            if wrong:  # the tick is used up: the next one tries again (the flow may change)
+                log.warning(
+                    "schedule %s: its payload does not match the input_schema of flow %s (%s); "
+                    "tick %s skipped",
+                    s.id,
+                    s.flow_id,
+                    "; ".join(f"{field}: {message}" for field, message in wrong),
+                    tick,
                 )
                 return 0
             run = Run(

@@ -132,3 +132,20 @@ async def test_a_hook_arrival_that_fails_the_schema_is_refused_with_its_reason(a
     )
     accepted = await api.client.post(url, json={"order_id": "ord_1", "amount": 3})
     assert accepted.status_code == 202, accepted.text
+
+
+async def test_a_sub_flows_payload_meets_the_called_flows_schema(api: Api) -> None:
+    """A ``flow`` step whose payload fails the called flow's ``input_schema`` fails with
+    error type ``schema`` naming the field, and starts no child; one that meets it runs."""
+    child = await api.create_flow(FLOW)
+    parent = await api.create_flow({"name": "Orders", "steps": [
+        {"id": "refund", "type": "flow", "flow_id": child,
+         "payload": {"order_id": "{{ payload.order }}", "amount": "{{ payload.amount }}"}}]})  # fmt: skip
+    failed = await api.wait(await api.execute(parent, {"order": "ord_1", "amount": -1}))
+    assert failed["status"] == "failed" and failed["error"]["type"] == "schema", failed
+    assert "payload.amount" in failed["error"]["message"]
+    assert "'Refund'" in failed["error"]["message"]  # the called flow, by name
+    children = (await api.get("/api/v1/flows/runs", params={"flow_id": child})).json()["data"]
+    assert children == []
+    done = await api.wait(await api.execute(parent, {"order": "ord_1", "amount": 5}))
+    assert done["status"] == "completed", done

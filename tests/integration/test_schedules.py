@@ -61,6 +61,26 @@ async def test_missed_ticks_are_skipped_not_burst(services: Services) -> None:
     assert len((await services.runs.list(who, limit=100, cursor=None)).data) == 1
 
 
+async def test_a_tick_whose_payload_fails_the_flows_schema_starts_no_run(
+    services: Services, caplog: Any
+) -> None:
+    """The flow gained an ``input_schema`` its schedule's payload does not meet: each tick
+    is skipped with the reason logged, and the schedule goes on to its next tick."""
+    clock = FakeClock(datetime(2026, 5, 1, 12, 0, 30, tzinfo=UTC))
+    services.schedules._clock = clock  # type: ignore[attr-defined]
+    key = await services.keys.create(Mode.TEST, "w")
+    who: Principal = await services.keys.authenticate(f"Bearer {key.key}")
+    flow = await services.flows.create(who, FLOW)
+    s = await services.schedules.create(who, flow_id=flow.flow_id, cron="* * * * *")
+    schema = {"type": "object", "required": ["region"]}
+    await services.flows.update(who, flow.flow_id, {**FLOW, "input_schema": schema})
+    clock.advance(30)
+    assert await services.schedules.tick() == 0
+    assert "payload.region" in caplog.text and s.id in caplog.text
+    assert (await services.runs.list(who, limit=10, cursor=None)).data == []
+    assert (await services.schedules.get(who, s.id)).next_run_at > clock.now()
+
+
 def test_daylight_saving_spring_gap_and_autumn_repeat() -> None:
     berlin = "Europe/Berlin"
     # 29 March 2026: 02:00 → 03:00 local. A 02:30 job runs at 03:00 local (01:00 UTC).

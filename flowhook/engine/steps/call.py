@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowhook.clock import isoformat
 from flowhook.definition import ExpressionError, compile_value, evaluate
+from flowhook.definition.input_schema import MAX_PROBLEMS_SHOWN, payload_problems
 from flowhook.engine.steps.base import Action, Context, Outcome, StepBase, StepEnv, error
 from flowhook.engine.steps.delay import parse_time
 from flowhook.engine.steps.nested import STORE, NestedStore
@@ -78,6 +79,15 @@ class CallStep(StepBase, kind="flow", pure=False, external=False, limited=False)
             return await cur.failed(
                 attempt, "flow_not_found", f"flow {spec['flow_id']!r} not found"
             )
+        schema = flow.definition.get("input_schema")
+        if schema is not None:  # the child's payload meets its flow's schema, as an execute's
+            wrong = payload_problems(
+                flow.flow_id, flow.version, schema, spec["payload"], limit=MAX_PROBLEMS_SHOWN
+            )
+            if wrong:
+                said = "; ".join(f"{field}: {message}" for field, message in wrong)
+                problem = f"the payload does not match the input_schema of {flow.name!r}: {said}"
+                return await cur.failed(attempt, "schema", problem)
         now = cur.now()
         child = Run(
             run_id=new_id("run"), workspace_id=run.workspace_id, mode=run.mode,
