@@ -77,7 +77,6 @@ def _editor(
     return p.render(
         "flow_edit.html", status, flow=flow, text=text, fmt=fmt, formats=FORMATS,
         problems=problems, lines=text.splitlines(), by_line=by_line,
-        unplaced=[q for q in problems if q.line is None],
     )  # fmt: skip
 
 
@@ -115,9 +114,9 @@ async def flow_save(flow_id: str, p: Page = PageDep) -> Response:
     f = await p.services.flows.get(p.who, flow_id)
     text, fmt = first(fields, "text"), _format(first(fields, "format"))
     base = first(fields, "base_version")
-    if base.isdigit() and int(base) != f.version:  # saved by someone else meanwhile
+    if base and base != str(f.version):  # saved by someone else meanwhile
         moved = Problem(
-            f"the flow is at version {f.version} now, not {base} as when you opened it: "
+            f"the flow is at version {f.version} now, not {base[:12]} as when you opened it: "
             "open Edit again to start from it (copy your text first)", None, None,
         )  # fmt: skip
         return _editor(p, flow=f, text=text, fmt=fmt, problems=[moved], status=409)

@@ -404,7 +404,17 @@ def test_a_flow_is_written_fixed_and_versioned_from_the_screen(app: Server, page
     page.wait_for_url(re.compile(r"saved=2$"))
     assert page.inner_text("h1").startswith("Invoice run (EU)")
 
-    page.click("#compare")
+    page.goto(f"{app.base}/flows/{flow_id}/edit")  # opened at v2; someone saves v3 meanwhile
+    current = made.api.get(f"/api/v1/flows/{flow_id}").json()["definition"]
+    r = made.api.put(f"/api/v1/flows/{flow_id}", json={**current, "description": "by the API"})
+    assert r.status_code == 200 and r.json()["version"] == 3, r.text
+    page.click("#flow-editor button[type=submit]")
+    page.wait_for_selector("#problems")
+    assert "at version 3 now, not 2" in page.inner_text("#problems")
+    assert made.api.get(f"/api/v1/flows/{flow_id}").json()["version"] == 3  # nothing saved
+    page.goto(f"{app.base}/flows/{flow_id}")
+    assert page.get_attribute("#compare", "href") == f"/flows/{flow_id}/diff"
+    page.goto(f"{app.base}/flows/{flow_id}/diff?from=1&to=2")
     page.wait_for_selector("table.diff")
     assert page.locator("table.diff tr.del").inner_text().strip().endswith('"name": "Invoice run",')
     assert "Invoice run (EU)" in page.locator("table.diff tr.add").inner_text()
