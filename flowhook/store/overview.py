@@ -31,9 +31,9 @@ from sqlalchemy.sql.elements import Label
 from sqlalchemy.sql.selectable import ScalarSelect
 
 from flowhook.store.delivery_reads import delivered_since
-from flowhook.store.models import DeliveryStatus, Mode, RunStatus, StepStatus
+from flowhook.store.models import DeliveryStatus, Mode, RunStatus
 from flowhook.store.runs import asleep_in
-from flowhook.store.tables import deliveries, flows, run_steps, runs, webhook_endpoints
+from flowhook.store.tables import deliveries, flows, runs, webhook_endpoints
 from flowhook.store.types import UTCDateTime
 
 __all__ = [
@@ -192,18 +192,7 @@ async def asleep_since(
     """When each run queued since ``since`` that sleeps now was queued: running, with a
     step of its own or of one of its parts asleep (:data:`SLEEPING_STEPS`). Read
     from the waiting step records, which are few beside the runs."""
-    shown = func.coalesce(runs.c.root_run_id, runs.c.run_id)
-    asleep = (
-        select(shown)
-        .select_from(runs.join(run_steps, run_steps.c.run_id == runs.c.run_id))
-        .where(
-            runs.c.workspace_id == workspace_id,
-            runs.c.mode == mode.value,
-            runs.c.status == RunStatus.RUNNING.value,
-            run_steps.c.status == StepStatus.WAITING.value,
-            run_steps.c.type.in_(SLEEPING_STEPS),
-        )
-    )
+    asleep = asleep_in(workspace_id, mode, SLEEPING_STEPS)
     q = select(runs.c.queued_at).where(
         runs.c.run_id.in_(asleep),
         runs.c.status == RunStatus.RUNNING.value,

@@ -189,7 +189,7 @@ def _steps_statement() -> Any:
     return select(run_steps).where(run_steps.c.run_id == run_id).order_by(run_steps.c.idx)
 
 
-def asleep_in(workspace_id: str, mode: Mode, step_type: str) -> Select[Any]:
+def asleep_in(workspace_id: str, mode: Mode, step_type: str | tuple[str, ...]) -> Select[Any]:
     """The runs people see (``root_run_id`` of a part, else the run) that are running and
     asleep in a step of ``step_type`` (their own, or one of a part's), each once."""
     shown = func.coalesce(runs.c.root_run_id, runs.c.run_id)
@@ -201,7 +201,7 @@ def asleep_in(workspace_id: str, mode: Mode, step_type: str) -> Select[Any]:
             runs.c.mode == mode.value,
             runs.c.status == RunStatus.RUNNING.value,
             run_steps.c.status == StepStatus.WAITING.value,
-            run_steps.c.type == step_type,
+            run_steps.c.type.in_((step_type,) if isinstance(step_type, str) else step_type),
         )
         .distinct()
     )
